@@ -1,0 +1,73 @@
+"""Transfer jobs between the primary tier and a secondary tier, and their results.
+
+Field meanings follow vLLM's ``TransferJob``/``JobResult`` (``chunk_ids`` is called ``slot_ids``
+here) so the vLLM adapter is a field-for-field translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.keys import BlockKey
+
+__all__ = ["JobResult", "TransferJob"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """One batched copy between primary slots and a secondary tier.
+
+    Attributes:
+        job_id: unique per engine; every submitted job is reported exactly once.
+        keys: block keys, one per slot.
+        slot_ids: primary-tier slot index of ``keys[i]`` (``int32`` array, same length as ``keys``).
+        is_promotion: ``True`` for loads into freshly reserved primary slots (secondary → primary).
+        req_context: opaque request context from the caller (may be ``None``).
+        submit_time: clock reading when the job was created (engine clock; virtual in simulation).
+    """
+
+    job_id: int
+    keys: Sequence[BlockKey]
+    slot_ids: npt.NDArray[np.int32]
+    is_promotion: bool = False
+    req_context: Any = None
+    submit_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.slot_ids):
+            # Not an assert: a mismatched job would copy bytes to the wrong slot, even under -O.
+            raise ValueError(
+                f"TransferJob {self.job_id}: {len(self.keys)} keys but {len(self.slot_ids)} slot ids"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """Completion report of one :class:`TransferJob`.
+
+    Attributes:
+        job_id: the job's id.
+        success: ``True`` when every key was transferred.
+        successful_keys: on partial success, the keys that were transferred (``None`` means all
+            keys when ``success`` is true and none when it is false).
+        nbytes: bytes moved.
+        seconds: wall time spent on the transfer.
+    """
+
+    job_id: int
+    success: bool
+    successful_keys: frozenset[BlockKey] | None = None
+    nbytes: int = 0
+    seconds: float = 0.0
+    error: str | None = field(default=None)
+
+    def transferred(self, keys: Sequence[BlockKey]) -> list[BlockKey]:
+        """Keys of ``keys`` that this result reports as transferred, in order."""
+        if self.successful_keys is not None:
+            return [k for k in keys if k in self.successful_keys]
+        return list(keys) if self.success else []

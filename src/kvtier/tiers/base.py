@@ -1,0 +1,187 @@
+"""The secondary-tier contract.
+
+Deliberately close to vLLM 0.33's ``SecondaryTierManager`` so the vLLM adapter is thin: every method
+is non-blocking except :meth:`SecondaryTier.drain` and :meth:`SecondaryTier.shutdown`; slow work is a
+job, completions are polled with :meth:`SecondaryTier.get_finished_jobs`.
+
+A tier reads and writes the primary tier's buffer directly through ``primary_kv_view``: a zero-copy
+2-D ``memoryview`` of shape ``(num_slots, row_stride)``; block ``slot`` is the first ``block_bytes``
+bytes of row ``slot``. ``self.rows`` is the same memory as a numpy ``uint8`` array, which is the
+convenient way to slice it (multi-dimensional memoryviews cannot be indexed by row).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.errors import MisuseError
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey, LookupResult
+
+__all__ = ["SecondaryTier", "TierContext", "TierStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierContext:
+    """What the engine tells every tier it builds (never part of the user's tier config).
+
+    Attributes:
+        name: instance name, unique within one engine (config ``name`` or ``"<type><index>"``).
+        block_bytes: payload bytes of one block (``<= row_stride``).
+        namespace: stable fingerprint of model, KV layout and tenant salt (hex). Tiers that persist
+            or share data keep each namespace apart (a directory, a key prefix).
+        clock: monotonic seconds; virtual in simulation.
+    """
+
+    name: str
+    block_bytes: int
+    namespace: str = "default"
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Counters every tier keeps; the metrics exporter and ``replay`` report them by these names."""
+
+    lookups: int = 0
+    hits: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    stores: int = 0
+    loads: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+    dropped_stores: int = 0
+    failed_jobs: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class SecondaryTier(ABC):
+    """A store of KV blocks behind the primary tier.
+
+    The engine guarantees:
+        * the slots of a submitted store job stay READY and pinned (unchanged) until the job is
+          reported by :meth:`get_finished_jobs`; the slots of a load job are reserved (WRITING) for
+          this tier alone until then;
+        * methods are called from one thread at a time (under the engine's lock), unless the class
+          sets ``tolerates_off_thread_polling`` and the engine polls from another thread.
+
+    The implementer must:
+        * never block in :meth:`lookup`, :meth:`submit_store`, :meth:`submit_load` or
+          :meth:`get_finished_jobs` (do I/O on worker threads or asynchronously);
+        * report every submitted job exactly once; a load may succeed partially (``successful_keys``);
+        * never raise out of these methods for backend failures: a failed read is a failed job
+          (and a later MISS), a failed write is a failed job; count it in :attr:`stats`;
+        * never serve bytes other than those stored under the key (verify when the medium can lie).
+
+    Capabilities are class attributes so the engine never probes with try/except.
+    """
+
+    #: Where the bytes live: ``"CPU"`` (host memory), ``"STORAGE"`` (disk), ``"REMOTE"`` (network).
+    medium: ClassVar[str] = "CPU"
+    #: ``get_finished_jobs``/``lookup`` may be called from a thread other than the submitter's.
+    tolerates_off_thread_polling: ClassVar[bool] = False
+    #: Blocks survive a restart of the process.
+    persistent: ClassVar[bool] = False
+    #: Other processes/instances may read what this one stores.
+    shared: ClassVar[bool] = False
+
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext) -> None:
+        if primary_kv_view.ndim != 2 or primary_kv_view.itemsize != 1:
+            raise MisuseError(
+                "primary_kv_view must be a 2-D byte memoryview (num_slots, row_stride), got "
+                f"ndim={primary_kv_view.ndim} itemsize={primary_kv_view.itemsize}"
+            )
+        row_stride = primary_kv_view.shape[1] if primary_kv_view.shape else 0
+        if not 0 < context.block_bytes <= row_stride:
+            raise MisuseError(
+                f"tier {context.name!r}: block_bytes={context.block_bytes} does not fit a row of "
+                f"{row_stride} bytes"
+            )
+        self.primary_kv_view = primary_kv_view
+        self.rows: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
+        self.context = context
+        self.stats = TierStats()
+
+    # -- helpers for implementations ---------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.context.name
+
+    @property
+    def block_bytes(self) -> int:
+        return self.context.block_bytes
+
+    def slot_array(self, slot_id: int) -> npt.NDArray[np.uint8]:
+        """Zero-copy view of the payload bytes of primary slot ``slot_id``."""
+        return self.rows[int(slot_id), : self.context.block_bytes]
+
+    # -- the contract ------------------------------------------------------------------------
+    @abstractmethod
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        """Whether ``key`` can be loaded: ``HIT``, ``MISS`` or ``RETRY`` (unknown yet). Non-blocking."""
+
+    def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
+        """:meth:`lookup` for each key; tiers with a batched index override this."""
+        return [self.lookup(k, req_context) for k in keys]
+
+    @abstractmethod
+    def submit_store(self, job: TransferJob) -> None:
+        """Start copying ``job.keys[i]`` from primary slot ``job.slot_ids[i]``. Non-blocking.
+
+        Keys already held are skipped (and count as stored). A tier with a capacity makes room by
+        its own eviction. A full or failing medium reports the job as failed; it never raises.
+        """
+
+    @abstractmethod
+    def submit_load(self, job: TransferJob) -> None:
+        """Start filling primary slot ``job.slot_ids[i]`` with ``job.keys[i]``. Non-blocking.
+
+        Keys that turn out missing or corrupt are left out of ``successful_keys``.
+        """
+
+    @abstractmethod
+    def get_finished_jobs(self) -> list[JobResult]:
+        """Results of jobs finished since the last call; each submitted job appears exactly once."""
+
+    @abstractmethod
+    def drain(self) -> None:
+        """Block until no submitted job still reads or writes the primary buffer.
+
+        Finished jobs stay queued for :meth:`get_finished_jobs`.
+        """
+
+    # -- optional hooks (defaults are correct for a simple tier) -----------------------------
+    def has_pending_work(self) -> bool:
+        """Whether submitted jobs have not been reported yet."""
+        return False
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        """Hint: these keys were just used (tiers with their own eviction refresh their order)."""
+
+    def get_stats(self) -> dict[str, int]:
+        """Counters (see :class:`TierStats`); a tier may add its own."""
+        return self.stats.as_dict()
+
+    def config_info(self) -> dict[str, Any]:
+        """Human-readable settings for ``kvtier check`` and logs."""
+        return {"type": type(self).__name__, "medium": self.medium}
+
+    def shutdown(self) -> None:
+        """Drain and release resources (threads, sockets, files). Idempotent."""
+        self.drain()
+
+    def __enter__(self) -> SecondaryTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
