@@ -1,0 +1,196 @@
+"""Factories that build plug-in instances from config through the registries of :mod:`kvtier.plugins`.
+
+Re-exported by :mod:`kvtier.plugins` (import them from there). Constructor-argument mistakes become
+:class:`~kvtier.errors.ConfigError` naming the config key (``secondary_tiers[1].root_dir``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvtier.errors import ConfigError, KvtierError
+
+if TYPE_CHECKING:
+    from kvtier.config import KvtierConfig, PluginsConfig, TierConfig
+    from kvtier.policies.base import CachePolicy
+    from kvtier.specs.base import OffloadingSpec
+    from kvtier.tiers.base import SecondaryTier, TierContext
+
+__all__ = ["create_policy", "create_spec", "create_tier", "tier_contexts", "tier_name"]
+
+T = TypeVar("T")
+
+# Tier config keys consumed by the factory, never passed to a tier constructor.
+_TIER_RESERVED = ("type", "module_path", "name")
+# Arguments the factory itself supplies to every tier constructor.
+_TIER_SUPPLIED = ("primary_kv_view", "context")
+
+
+def _target_of(obj: type[Any]) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _check_kwargs(
+    cls: type[Any],
+    options: Mapping[str, Any],
+    supplied: tuple[str, ...],
+    key_path: str,
+    what: str,
+    *,
+    positional: int = 0,
+) -> None:
+    """Turn unexpected or missing constructor arguments into a ConfigError naming the key.
+
+    ``supplied`` are keyword arguments kvtier passes itself; the first ``positional`` parameters are
+    passed positionally by kvtier (a policy's capacity), whatever their names.
+    """
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):  # pragma: no cover - C extensions without a signature
+        return
+    params = sig.parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    plist = list(params.values())
+    fed = {p.name for p in plist[:positional] if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    by_name = {
+        p.name: p
+        for p in plist
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.name not in fed
+    }
+    if not accepts_any:
+        for key in options:
+            if key not in by_name or key in supplied:
+                valid = sorted(n for n in by_name if n not in supplied)
+                raise ConfigError(
+                    f"{key_path}.{key}",
+                    f"unexpected option for {what}; it accepts: {', '.join(valid) or 'no options'}",
+                )
+    for n, p in by_name.items():
+        if p.default is inspect.Parameter.empty and n not in options and n not in supplied:
+            raise ConfigError(f"{key_path}.{n}", f"missing; required by {what}")
+
+
+def _construct(factory: Callable[[], T], key_path: str, what: str) -> T:
+    try:
+        return factory()
+    except ConfigError as exc:
+        # A plug-in raises ConfigError("root_dir", ...) about its own option; anchor it in the config.
+        if exc.key_path.startswith(key_path):
+            raise
+        path = f"{key_path}.{exc.key_path}" if exc.key_path else key_path
+        raise ConfigError(path, exc.detail) from exc
+    except KvtierError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(key_path, f"{what} rejected its options: {type(exc).__name__}: {exc}") from exc
+
+
+def tier_name(tier_config: TierConfig) -> str:
+    """Instance name of a configured tier: its ``name`` option, else ``"<type><index>"``."""
+    name = tier_config.options.get("name")
+    if name is None:
+        # "pkg.mod:Class" as a type names the instance after the class.
+        base = tier_config.type.rpartition(":")[2] or tier_config.type
+        return f"{base}{tier_config.index}"
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{tier_config.key_path}.name", f"expected a non-empty string, got {name!r}")
+    return name
+
+
+def tier_contexts(
+    config: KvtierConfig,
+    *,
+    namespace: str = "default",
+    clock: Callable[[], float] | None = None,
+) -> list[TierContext]:
+    """One :class:`~kvtier.tiers.base.TierContext` per configured tier; names are unique."""
+    from kvtier.tiers.base import TierContext
+
+    contexts: list[TierContext] = []
+    seen: dict[str, int] = {}
+    for tc in config.secondary_tiers:
+        name = tier_name(tc)
+        if name in seen:
+            raise ConfigError(
+                f"{tc.key_path}.name",
+                f"duplicate tier name {name!r} (also secondary_tiers[{seen[name]}]); give each a unique name",
+            )
+        seen[name] = tc.index
+        kw: dict[str, Any] = {"name": name, "block_bytes": config.block_bytes, "namespace": namespace}
+        if clock is not None:
+            kw["clock"] = clock
+        contexts.append(TierContext(**kw))
+    return contexts
+
+
+def _as_tier_config(tier_config: TierConfig | Mapping[str, Any]) -> TierConfig:
+    from kvtier.config import TierConfig, load_config
+
+    if isinstance(tier_config, TierConfig):
+        return tier_config
+    return load_config({"secondary_tiers": [dict(tier_config)]}).secondary_tiers[0]
+
+
+def create_tier(
+    tier_config: TierConfig | Mapping[str, Any],
+    *,
+    primary_kv_view: memoryview,
+    context: TierContext | None = None,
+    plugins: PluginsConfig | None = None,
+) -> SecondaryTier:
+    """Build the tier one ``secondary_tiers`` entry describes.
+
+    ``type`` and ``module_path`` select the class (never passed on), ``name`` names the instance,
+    every other key becomes a constructor keyword argument next to ``primary_kv_view`` and
+    ``context``. Without ``context`` one is derived (``block_bytes`` = the full row).
+
+    Raises:
+        ConfigError: an option the constructor does not accept (``secondary_tiers[i].<key>``), a
+            missing required one, or a value the tier rejected.
+        PluginError: the type cannot be resolved (see :meth:`Registry.resolve`).
+    """
+    from kvtier.tiers.base import TierContext
+
+    tc = _as_tier_config(tier_config)
+    from kvtier.plugins import TIERS
+
+    cls = TIERS.resolve(tc.type, tc.module_path, plugins=plugins, key_path=tc.key_path)
+    options = {k: v for k, v in tc.options.items() if k not in _TIER_RESERVED}
+    what = f"tier {tc.type!r} ({_target_of(cls)})"
+    for key in _TIER_SUPPLIED:
+        if key in options:
+            raise ConfigError(
+                f"{tc.key_path}.{key}", f"is supplied by kvtier and cannot be configured ({what})"
+            )
+    _check_kwargs(cls, options, _TIER_SUPPLIED, tc.key_path, what)
+    if context is None:
+        row = primary_kv_view.shape[1] if primary_kv_view.ndim == 2 and primary_kv_view.shape else 0
+        context = TierContext(name=tier_name(tc), block_bytes=row)
+    ctx = context
+    return _construct(lambda: cls(primary_kv_view=primary_kv_view, context=ctx, **options), tc.key_path, what)
+
+
+def create_policy(config: KvtierConfig, capacity: int) -> CachePolicy:
+    """The eviction policy ``config`` names (``eviction_policy`` + ``cache_policy_module_path``),
+    built as ``Policy(capacity, **config.policy_options)``."""
+    from kvtier.plugins import POLICIES
+
+    cls = POLICIES.resolve(config.eviction_policy, config.cache_policy_module_path, plugins=config.plugins)
+    what = f"policy {config.eviction_policy!r} ({_target_of(cls)})"
+    options = dict(config.policy_options)
+    if "capacity" in options:
+        raise ConfigError("policy_options.capacity", "is supplied by kvtier (from the tier's size)")
+    _check_kwargs(cls, options, (), "policy_options", what, positional=1)
+    return _construct(lambda: cls(capacity, **options), "policy_options", what)
+
+
+def create_spec(config: KvtierConfig) -> OffloadingSpec:
+    """The offloading spec ``config`` names (``spec_name`` + ``spec_module_path``): ``Spec(config)``."""
+    from kvtier.plugins import SPECS
+
+    cls = SPECS.resolve(config.spec_name, config.spec_module_path, plugins=config.plugins)
+    what = f"spec {config.spec_name!r} ({_target_of(cls)})"
+    return _construct(lambda: cls(config), "spec_name", what)

@@ -1,0 +1,31 @@
+"""Session-wide test settings (owned by the foundation issue).
+
+* Hypothesis: no deadline (the machine is shared and timing is noisy) and modest example counts;
+  ``HYPOTHESIS_PROFILE=thorough`` raises them for a deliberate long run.
+* Every test leaves the plug-in registries as it found them (registrations, resolved built-ins and
+  the once-per-process experimental-API notice), so a test that registers a plug-in cannot change
+  what another test sees.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("kvtier", deadline=None, max_examples=100)
+settings.register_profile("thorough", deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kvtier"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_plugin_registries() -> Iterator[None]:
+    from kvtier import plugins
+
+    state = plugins.snapshot_state()
+    try:
+        yield
+    finally:
+        plugins.restore_state(state)
