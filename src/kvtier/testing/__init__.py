@@ -1,0 +1,34 @@
+"""Conformance suites for plug-in authors, shipped in the wheel.
+
+Run kvtier's own secondary-tier contract tests against your tier in a few lines (pytest)::
+
+    # tests/test_my_tier_contract.py
+    from pathlib import Path
+
+    from kvtier.testing import PrimaryBuffer, TierContractTests
+    from my_package.tiers import MyTier
+
+
+    class TestMyTierContract(TierContractTests):
+        def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> MyTier:
+            return MyTier(primary_kv_view=primary.view, context=primary.context("mine"),
+                          root_dir=str(workdir / "store"))
+
+``make_tier`` gets a :class:`PrimaryBuffer` (a heap buffer by default) and a per-test directory;
+persistent tiers must keep their data under it, because the persistence test calls ``make_tier``
+twice with the same directory. To test with a buffer of your own (shared memory, a torch tensor),
+override the ``primary`` fixture and return ``PrimaryBuffer.from_view(your_2d_memoryview,
+block_bytes)``; to change only its geometry, set the class attributes ``num_slots``, ``row_stride``
+and ``block_bytes``. Asynchronous tiers are polled until ``job_timeout`` seconds; ``max_submit_seconds``
+bounds how long a ``submit_*`` call may take (the contract says non-blocking).
+
+What the suite checks is written in each test's docstring; together they are the contract of
+:class:`kvtier.tiers.base.SecondaryTier` as kvtier's engine relies on it.
+"""
+
+from __future__ import annotations
+
+from kvtier.testing.primary import PrimaryBuffer, wait_for_jobs
+from kvtier.testing.tier_contract import TierContractTests
+
+__all__ = ["PrimaryBuffer", "TierContractTests", "wait_for_jobs"]

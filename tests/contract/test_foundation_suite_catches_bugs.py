@@ -1,0 +1,67 @@
+"""The conformance suite is honest: it fails tiers that break the contract (run in a real pytest)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+BROKEN = '''
+from pathlib import Path
+
+from kvtier.jobs import JobResult
+from kvtier.keys import LookupResult
+from kvtier.testing import PrimaryBuffer, TierContractTests
+from kvtier.tiers.example import ExampleTier
+
+
+class KeysOnlyTier(ExampleTier):
+    """Like vLLM's example tier: remembers keys, copies no bytes."""
+
+    def submit_load(self, job):
+        self._accept(job)
+        held = [k for k in job.keys if k in self._blocks]
+        ok = len(held) == len(job.keys)
+        self._finish(JobResult(job.job_id, ok, None if ok else frozenset(held)))
+
+
+class ReportsTwiceTier(ExampleTier):
+    def get_finished_jobs(self):
+        done = list(self._finished)
+        if len(done) > 0 and getattr(self, "_again", None) is None:
+            self._again = done  # report the first batch a second time on the next call
+            return done
+        again, self._again = (self._again or []), []
+        self._finished = []
+        return done + again
+
+
+class TestKeysOnly(TierContractTests):
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path):
+        return KeysOnlyTier(primary_kv_view=primary.view, context=primary.context())
+
+
+class TestReportsTwice(TierContractTests):
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path):
+        return ReportsTwiceTier(primary_kv_view=primary.view, context=primary.context())
+'''
+
+
+def test_suite_fails_broken_tiers(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_broken_tiers.py"
+    test_file.write_text(textwrap.dedent(BROKEN))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         "-o", "addopts=", str(test_file)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    # The byte round trips catch the tier that copies nothing ...
+    assert "FAILED test_broken_tiers.py::TestKeysOnly::test_store_then_load_round_trips_bytes" in out
+    assert "FAILED test_broken_tiers.py::TestKeysOnly::test_drain_waits_for_buffer_io" in out
+    # ... and the exactly-once check catches duplicate reports.
+    assert "FAILED test_broken_tiers.py::TestReportsTwice::test_every_job_is_reported_exactly_once" in out
+    # Tests a broken tier does not violate still pass: the suite is specific, not all-or-nothing.
+    assert "TestKeysOnly::test_lookup_of_unknown_key_is_miss" not in out
