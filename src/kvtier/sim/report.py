@@ -1,0 +1,230 @@
+"""What a replay measured, as a value (``ReplayReport``), as JSON and as a rich table.
+
+Hit-ratio definitions (all over the replayed requests):
+
+* ``block``: block references answered HIT or HIT_PENDING by the engine (any tier) / all references;
+* ``prefix``: blocks in each request's *leading* run of hits / all references — what a prefix cache
+  can actually reuse (a hit after the first miss saves no prefill);
+* ``token``: input tokens of hit blocks / all input tokens (the last block of a request may be partial);
+* ``prefix_token``: input tokens of leading-run hits / all input tokens.
+
+A tier's ``hit_ratio`` is its hits / all block references, so the tiers' ratios add up to the block hit
+ratio (the primary tier is listed first, as ``primary``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ReplayReport", "TierReport", "percentiles", "render_report", "render_sweep"]
+
+
+@dataclass(slots=True)
+class TierReport:
+    """Counters of one tier over a replay (from ``engine.stats()``)."""
+
+    name: str
+    type: str
+    hits: int = 0
+    hit_ratio: float = 0.0
+    lookups: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+    dropped_stores: int = 0
+    failed_jobs: int = 0
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    """Result of one replay (see the module docstring for the ratio definitions)."""
+
+    trace: str
+    mode: str
+    policy: str
+    capacity_blocks: int
+    requests: int = 0
+    block_refs: int = 0
+    unique_blocks: int = 0
+    tokens: int = 0
+    block_hits: int = 0
+    prefix_hits: int = 0
+    token_hits: int = 0
+    prefix_token_hits: int = 0
+    tiers: list[TierReport] = field(default_factory=list)
+    verify_mismatches: int = 0
+    verified_blocks: int = 0
+    failed_loads: int = 0
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    opt: dict[str, float] | None = None
+    infinite: dict[str, float] = field(default_factory=dict)
+    elapsed_seconds: float = 0.0
+    engine_seconds: float = 0.0
+    semantics: str = "engine"
+
+    @property
+    def hit_ratio(self) -> dict[str, float]:
+        refs = max(self.block_refs, 1)
+        toks = max(self.tokens, 1)
+        return {
+            "block": self.block_hits / refs,
+            "prefix": self.prefix_hits / refs,
+            "token": self.token_hits / toks,
+            "prefix_token": self.prefix_token_hits / toks,
+        }
+
+    @property
+    def refs_per_second(self) -> float:
+        """Block references per second through the engine (trace parsing and keying excluded)."""
+        return self.block_refs / self.engine_seconds if self.engine_seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object (stable keys; see docs/replay.md)."""
+        return {
+            "trace": self.trace,
+            "mode": self.mode,
+            "semantics": self.semantics,
+            "policy": self.policy,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "block_refs": self.block_refs,
+            "unique_blocks": self.unique_blocks,
+            "tokens": self.tokens,
+            "hit_ratio": self.hit_ratio,
+            "hits": {
+                "block": self.block_hits,
+                "prefix": self.prefix_hits,
+                "token": self.token_hits,
+                "prefix_token": self.prefix_token_hits,
+            },
+            "tiers": [asdict(t) for t in self.tiers],
+            "verify_mismatches": self.verify_mismatches,
+            "verified_blocks": self.verified_blocks,
+            "failed_loads": self.failed_loads,
+            "latency": self.latency,
+            "cost": self.cost,
+            "opt": self.opt,
+            "infinite": self.infinite,
+            "elapsed_seconds": self.elapsed_seconds,
+            "engine_seconds": self.engine_seconds,
+            "refs_per_second": self.refs_per_second,
+        }
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max/mean of ``samples`` in milliseconds (empty -> zeros)."""
+    import numpy as np
+
+    if not samples:
+        return {"p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "mean_ms": 0.0, "count": 0}
+    a = np.asarray(samples, dtype=np.float64) * 1e3
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "p50_ms": float(p50),
+        "p90_ms": float(p90),
+        "p99_ms": float(p99),
+        "max_ms": float(a.max()),
+        "mean_ms": float(a.mean()),
+        "count": int(a.size),
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover - loop always returns
+
+
+def render_report(report: ReplayReport, console: Any) -> None:
+    """Print ``report`` on a ``rich.console.Console`` as a summary and a per-tier table."""
+    from rich.table import Table
+
+    hr = report.hit_ratio
+    summary = Table(
+        title=f"kvtier replay — {report.trace} ({report.mode}, {report.policy})", show_header=False
+    )
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    summary.add_row("requests", f"{report.requests:,}")
+    summary.add_row("block references", f"{report.block_refs:,} ({report.unique_blocks:,} unique)")
+    summary.add_row("primary capacity", f"{report.capacity_blocks:,} blocks")
+    summary.add_row("block hit ratio", _pct(hr["block"]))
+    summary.add_row("prefix hit ratio", _pct(hr["prefix"]))
+    summary.add_row("token hit ratio", _pct(hr["token"]))
+    if report.opt is not None:
+        summary.add_row("OPT (Belady) block hit ratio", _pct(report.opt["block"]))
+    if report.infinite:
+        summary.add_row("infinite cache block hit ratio", _pct(report.infinite["block"]))
+    if report.mode == "real":
+        ok = "[green]0[/green]" if report.verify_mismatches == 0 else f"[red]{report.verify_mismatches}[/red]"
+        summary.add_row("verified blocks / mismatches", f"{report.verified_blocks:,} / {ok}")
+    if report.cost:
+        summary.add_row(
+            "projected prefill saved",
+            f"{report.cost['saved_seconds']:.1f} s of {report.cost['prefill_seconds']:.1f} s "
+            f"({_pct(report.cost['saved_fraction'])})",
+        )
+    summary.add_row("elapsed", f"{report.elapsed_seconds:.2f} s ({report.refs_per_second:,.0f} refs/s)")
+    console.print(summary)
+
+    tiers = Table(title="per tier")
+    for col in ("tier", "type", "hits", "hit ratio", "read", "written", "evictions", "corrupt", "dropped"):
+        tiers.add_column(col, justify="left" if col in ("tier", "type") else "right")
+    for t in report.tiers:
+        tiers.add_row(
+            t.name,
+            t.type,
+            f"{t.hits:,}",
+            _pct(t.hit_ratio),
+            _bytes(t.bytes_read),
+            _bytes(t.bytes_written),
+            f"{t.evictions:,}",
+            str(t.corrupt),
+            f"{t.dropped_stores:,}",
+        )
+    console.print(tiers)
+    if report.latency:
+        lat = Table(title="latency per request (ms)")
+        for col in ("operation", "p50", "p90", "p99", "max", "count"):
+            lat.add_column(col, justify="left" if col == "operation" else "right")
+        for op, p in report.latency.items():
+            lat.add_row(
+                op, f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{p['max_ms']:.3f}",
+                f"{int(p['count']):,}",
+            )  # fmt: skip
+        console.print(lat)
+
+
+def render_sweep(rows: Sequence[Mapping[str, Any]], console: Any) -> None:
+    """Print a sweep (one row per capacity) with one column per policy plus OPT and infinite."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    policies = list(rows[0]["policies"])
+    table = Table(title="block hit ratio by capacity and policy")
+    table.add_column("capacity")
+    table.add_column("blocks", justify="right")
+    for p in policies:
+        table.add_column(p, justify="right")
+    table.add_column("OPT", justify="right")
+    table.add_column("infinite", justify="right")
+    for row in rows:
+        table.add_row(
+            row["capacity"],
+            f"{row['capacity_blocks']:,}",
+            *(_pct(row["policies"][p]["hit_ratio"]["block"]) for p in policies),
+            _pct(row["opt"]["block"]) if row.get("opt") else "-",
+            _pct(row["infinite"]["block"]),
+        )
+    console.print(table)
