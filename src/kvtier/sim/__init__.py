@@ -1,0 +1,1 @@
+"""Trace-driven simulation: trace readers, Belady/OPT, replay driver, cost model."""

@@ -1,0 +1,169 @@
+"""Read KV-cache request traces (Mooncake JSONL and kvtier's generic JSONL), gzip or plain.
+
+Two line formats, one JSON object per line, requests in arrival order; blank lines are skipped and
+the format is detected per line, so files may even mix them:
+
+* **Mooncake** (FAST'25 release)::
+
+      {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}
+
+  ``hash_ids`` are chained prefix-block ids (512 tokens per block in the public traces).
+
+* **Generic** (kvtier's own; for traces from other engines or synthetic workloads)::
+
+      {"timestamp": 12.5, "blocks": [17, 18, 99], "tenant": "acme",
+       "input_length": 1400, "output_length": 80}
+
+  ``timestamp`` (milliseconds, number) and ``blocks`` (list of non-negative integer block ids, each
+  naming its whole prefix, as ``hash_ids`` do) are required; ``tenant`` (string), ``input_length``
+  and ``output_length`` (integers) are optional.
+
+Gzip-compressed files are recognised by their magic bytes, whatever the file name. Bad input raises
+:class:`TraceError` with a one-line message naming the file and line.
+
+API: :func:`iter_trace` / :func:`read_trace` yield :class:`TraceRequest`; :func:`flatten` turns
+requests into the flat block-id sequence a generic cache simulator sees (numpy ``int64``);
+:func:`unique_blocks` counts distinct ids.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from kvtier.errors import KvtierError
+
+__all__ = ["TraceError", "TraceRequest", "flatten", "iter_trace", "read_trace", "unique_blocks"]
+
+
+class TraceError(KvtierError, ValueError):
+    """A trace file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace.
+
+    Attributes:
+        timestamp_ms: arrival time in milliseconds.
+        blocks: chained prefix-block ids (``hash_ids`` in Mooncake traces), in prefix order.
+        input_length: prompt tokens, when the trace says.
+        output_length: generated tokens, when the trace says.
+        tenant: tenant name (generic format only).
+    """
+
+    timestamp_ms: float
+    blocks: tuple[int, ...]
+    input_length: int | None = None
+    output_length: int | None = None
+    tenant: str | None = None
+
+
+def _open_text(path: Path) -> IO[str]:
+    raw = path.open("rb")
+    magic = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")
+
+
+def _int_field(obj: dict[str, Any], name: str, where: str, *, required: bool) -> int | None:
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise TraceError(f"{where}: missing required field {name!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _block_list(value: Any, name: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: field {name!r} must be a list of integers, got {type(value).__name__}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise TraceError(f"{where}: field {name!r} holds {item!r}; block ids must be integers >= 0")
+    return tuple(value)
+
+
+def _parse(obj: Any, where: str) -> TraceRequest:
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    ts = obj.get("timestamp")
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise TraceError(f"{where}: field 'timestamp' must be a number of milliseconds, got {ts!r}")
+    if "hash_ids" in obj:
+        blocks = _block_list(obj["hash_ids"], "hash_ids", where)
+        tenant = None
+    elif "blocks" in obj:
+        blocks = _block_list(obj["blocks"], "blocks", where)
+        tenant = obj.get("tenant")
+        if tenant is not None and not isinstance(tenant, str):
+            raise TraceError(f"{where}: field 'tenant' must be a string, got {tenant!r}")
+    else:
+        raise TraceError(
+            f"{where}: neither 'hash_ids' (Mooncake format) nor 'blocks' (generic format) present"
+        )
+    return TraceRequest(
+        timestamp_ms=float(ts),
+        blocks=blocks,
+        input_length=_int_field(obj, "input_length", where, required=False),
+        output_length=_int_field(obj, "output_length", where, required=False),
+        tenant=tenant,
+    )
+
+
+def iter_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceRequest]:
+    """Yield the requests of a trace file in order (at most ``limit``, when given)."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: trace file not found")
+    count = 0
+    with _open_text(p) as fh:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, start=1):
+                if limit is not None and count >= limit:
+                    return
+                if not line.strip():
+                    continue
+                where = f"{p}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                yield _parse(obj, where)
+                count += 1
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{p}:{lineno + 1}: cannot read trace ({exc})") from exc
+
+
+def read_trace(path: str | Path, *, limit: int | None = None) -> list[TraceRequest]:
+    """All requests of a trace file (at most ``limit``) as a list."""
+    return list(iter_trace(path, limit=limit))
+
+
+def flatten(requests: Iterable[TraceRequest]) -> np.ndarray:
+    """Every block of every request, in order, as one ``int64`` array (a generic cache's view)."""
+    chunks = [r.blocks for r in requests]
+    total = sum(len(c) for c in chunks)
+    out = np.empty(total, dtype=np.int64)
+    pos = 0
+    for c in chunks:
+        out[pos : pos + len(c)] = c
+        pos += len(c)
+    return out
+
+
+def unique_blocks(requests_or_flat: Iterable[TraceRequest] | np.ndarray) -> int:
+    """Number of distinct block ids."""
+    flat = requests_or_flat if isinstance(requests_or_flat, np.ndarray) else flatten(requests_or_flat)
+    return int(np.unique(flat).size)
