@@ -1,0 +1,681 @@
+"""The ``fs`` tier: a bounded, checksummed, crash-safe, shareable directory of KV blocks.
+
+What it guarantees (docs/fs.md has the full story):
+    * **Never a wrong byte.** Every file is a :mod:`kvtier.codec` blob: header (key, namespace tag,
+      lengths, xxh3-64) + payload. Loads check the length and the header always and the checksum
+      unless ``verify="never"``; a bad file is a miss, counted in ``stats.corrupt`` and removed.
+    * **Crash-safe writes.** Temp file in ``<ns>/tmp`` then ``rename`` into the tree; ``fsync=True``
+      also syncs the file and its directory. A process killed at any point leaves no partial block.
+    * **Bounded.** ``max_bytes`` is enforced through a flock-guarded accounting file shared by every
+      process using the same ``root_dir`` (:mod:`kvtier.tiers.fs_accounting`): space is reserved
+      before a temp file is written, so the tree never exceeds ``max_bytes``; victims come from a
+      :class:`~kvtier.policies.base.CachePolicy` (``eviction_policy``, LRU by default).
+    * **Warm restart.** A background thread rebuilds the index from the tree (names, sizes, mtimes);
+      until it has passed a key's shard, a lookup that is not already known answers ``RETRY``.
+    * **Never raises into the engine.** I/O errors are failed jobs, counted and logged (rate-limited);
+      ``ENOSPC`` switches on back-pressure: stores are dropped and counted for ``full_backoff`` s.
+
+Lookups are answered from the in-memory index (a dict membership test: no syscall).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import itertools
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kvtier import codec
+from kvtier.config import parse_size
+from kvtier.errors import ConfigError
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey, LookupResult
+from kvtier.policies.base import CachePolicy
+from kvtier.tiers.base import SecondaryTier, TierContext
+from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
+from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout, ScanShard, probe_direct_io
+from kvtier.tiers.fs_policy import make_policy
+from kvtier.tiers.fs_pool import PRIO_LOAD, PRIO_STORE, IoPool, RateLimitedLog
+
+__all__ = ["FsTier"]
+
+log = logging.getLogger("kvtier.tiers.fs")
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_VERIFY = ("always", "never")
+_DIRECT = ("auto", "always", "never")
+
+
+@dataclass
+class _Job:
+    job: TransferJob
+    chunks_left: int
+    ok: set[BlockKey] = field(default_factory=set)
+    nbytes: int = 0
+    error: str | None = None
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class FsTier(SecondaryTier):
+    """KV blocks as files under ``root_dir/<namespace>/``.
+
+    Options (config keys of the ``secondary_tiers`` entry):
+        root_dir: directory shared by every process and namespace (required).
+        max_bytes: capacity, an integer or a size such as ``"200GiB"``; ``None`` = unbounded.
+        eviction_policy: registered policy name (``lru``, ``arc``, ...) that picks victims.
+        policy_options: keyword options for that policy.
+        verify: ``"always"`` (check every payload checksum on load) or ``"never"`` (header only).
+        fsync: ``True`` syncs each file and its directory before a store is reported done.
+        direct_io: ``"auto"`` (``O_DIRECT`` writes when the filesystem supports them and the slot
+            is aligned), ``"always"`` (error if unsupported) or ``"never"``.
+        threads: I/O worker threads. batch_blocks: blocks per worker task.
+        full_backoff: seconds stores are dropped after ``ENOSPC``.
+        record_access: refresh a file's mtime when it is loaded (restart keeps the access order).
+        log_interval: seconds between two log lines of the same kind.
+    """
+
+    medium: ClassVar[str] = "STORAGE"
+    tolerates_off_thread_polling: ClassVar[bool] = True
+    persistent: ClassVar[bool] = True
+    shared: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        context: TierContext,
+        root_dir: str | os.PathLike[str] | None = None,
+        max_bytes: int | str | None = None,
+        eviction_policy: str = "lru",
+        policy_options: dict[str, Any] | None = None,
+        verify: str = "always",
+        fsync: bool = False,
+        direct_io: str | bool = "auto",
+        threads: int = 4,
+        batch_blocks: int = 8,
+        full_backoff: float = 1.0,
+        record_access: bool = True,
+        log_interval: float = 10.0,
+    ) -> None:
+        super().__init__(primary_kv_view=primary_kv_view, context=context)
+        kp = f"{context.name}"
+        if root_dir is None:
+            raise ConfigError(f"{kp}.root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
+        if verify not in _VERIFY:
+            raise ConfigError(f"{kp}.verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
+        if isinstance(direct_io, bool):
+            direct_io = "always" if direct_io else "never"
+        if direct_io not in _DIRECT:
+            raise ConfigError(f"{kp}.direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
+        if not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"{kp}.threads", f"expected an integer >= 1, got {threads!r}")
+        if not isinstance(batch_blocks, int) or batch_blocks < 1:
+            raise ConfigError(f"{kp}.batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
+        self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, f"{kp}.max_bytes")
+        self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
+        if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
+            raise ConfigError(
+                f"{kp}.max_bytes",
+                f"{self.max_bytes} bytes hold no block file of {self.layout.file_size(32)} bytes; raise it",
+            )
+        self.layout.ensure(f"{kp}.root_dir")
+        self.verify = verify == "always"
+        self.fsync = bool(fsync)
+        self.threads = threads
+        self.batch_blocks = batch_blocks
+        self.full_backoff = float(full_backoff)
+        self.record_access = bool(record_access)
+        self._rlog = RateLimitedLog(log, log_interval)
+        self._token = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self._acct = SharedAccounting(self.layout.ns_dir, self._token, fsync=self.fsync)
+        probed = direct_io != "never" and probe_direct_io(self._acct.tmp_dir)
+        if direct_io == "always" and not probed:
+            self._acct.close()
+            raise ConfigError(
+                f"{kp}.direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
+            )
+        self.direct_io = probed
+        # Policy capacity is in blocks; the byte limit is enforced by the accounting, the policy
+        # only needs room for every block the bytes can hold.
+        cap = (self.max_bytes // self.layout.block_bytes) + 1 if self.max_bytes else 1 << 40
+        self._policy_name = eviction_policy
+        self._policy_options = dict(policy_options or {})
+        self._policy: CachePolicy = make_policy(
+            eviction_policy, cap, self._policy_options, f"{kp}.eviction_policy"
+        )
+
+        self._lock = threading.Lock()
+        self._index: dict[BlockKey, int] = {}
+        self._access: dict[BlockKey, float] = {}
+        self._storing: set[BlockKey] = set()
+        self._loading: Counter[BlockKey] = Counter()
+        self._results: deque[JobResult] = deque()
+        self._jobs_open = 0
+        self._seq = itertools.count()
+        self._dirs_made: set[str] = set()
+        self._full_until = 0.0
+        self._closed = False
+        self._tls = threading.local()
+        # Warm restart state: top-level shards already scanned (lookups there are authoritative).
+        self._top_done = bytearray(256)
+        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
+        # exist hold nothing, so lookups there are authoritative MISSes at once (a fresh tree never
+        # answers RETRY).
+        present = self.layout.present_tops()
+        for top in range(256):
+            if top not in present:
+                self._top_done[top] = 1
+        self._scan_done = False
+        self._tombstones: set[BlockKey] = set()
+        self.scan_files = 0
+        self.scan_seconds = 0.0
+        self._pool = IoPool(threads, context.name, log)
+        self._scan_stop = False
+        self._scan_thread = threading.Thread(
+            target=self._scan, name=f"kvtier-fs-scan-{context.name}", daemon=True
+        )
+        self._scan_thread.start()
+
+    # -- lookups (engine thread; dict membership only) ---------------------------------------
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        self.stats.lookups += 1
+        if key in self._index:
+            self.stats.hits += 1
+            return LookupResult.HIT
+        if self._scan_done or self._top_done[Layout.shard_of(key) >> 8]:
+            return LookupResult.MISS
+        return LookupResult.RETRY
+
+    def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
+        return [self.lookup(k) for k in keys]
+
+    @property
+    def scan_done(self) -> bool:
+        return self._scan_done
+
+    def wait_scan(self, timeout: float | None = None) -> bool:
+        """Block until the start-up scan finished (tests, tools)."""
+        self._scan_thread.join(timeout)
+        return self._scan_done
+
+    # -- job submission (engine thread; never blocks on I/O) ----------------------------------
+    def _chunks(self, items: list[tuple[BlockKey, int]]) -> list[list[tuple[BlockKey, int]]]:
+        per = max(1, min(self.batch_blocks, -(-len(items) // self.threads)))
+        return [items[i : i + per] for i in range(0, len(items), per)]
+
+    def _finish_now(self, job: TransferJob, success: bool, error: str | None = None) -> None:
+        with self._lock:
+            self._results.append(JobResult(job.job_id, success, None, 0, 0.0, error))
+
+    def submit_store(self, job: TransferJob) -> None:
+        if self._closed:
+            with self._lock:
+                self.stats.failed_jobs += 1
+            self._finish_now(job, False, "tier is shut down")
+            return
+        if time.monotonic() < self._full_until:
+            # Back-pressure: the disk said ENOSPC recently; do not queue bytes it cannot take.
+            with self._lock:
+                self.stats.dropped_stores += len(job.keys)
+                self.stats.failed_jobs += 1
+            self._finish_now(job, False, "disk full: store dropped (back-pressure)")
+            return
+        items: list[tuple[BlockKey, int]] = []
+        skipped: set[BlockKey] = set()
+        with self._lock:
+            for key, slot in zip(job.keys, job.slot_ids, strict=True):
+                if key in self._index or key in self._storing:
+                    skipped.add(key)  # already held (or on its way): counts as stored
+                    continue
+                self._storing.add(key)
+                items.append((key, int(slot)))
+            if not items:
+                self._results.append(JobResult(job.job_id, True))
+                return
+            chunks = self._chunks(items)
+            state = _Job(job, len(chunks), ok=skipped)
+            self._jobs_open += 1
+        for chunk in chunks:
+            self._pool.submit(PRIO_STORE, functools.partial(self._store_chunk, state, chunk))
+
+    def submit_load(self, job: TransferJob) -> None:
+        if self._closed:
+            with self._lock:
+                self.stats.failed_jobs += 1
+            self._finish_now(job, False, "tier is shut down")
+            return
+        items = [(k, int(s)) for k, s in zip(job.keys, job.slot_ids, strict=True)]
+        if not items:
+            self._finish_now(job, True)
+            return
+        chunks = self._chunks(items)
+        with self._lock:
+            self._loading.update(job.keys)
+            state = _Job(job, len(chunks))
+            self._jobs_open += 1
+        for chunk in chunks:
+            self._pool.submit(PRIO_LOAD, functools.partial(self._load_chunk, state, chunk))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        with self._lock:
+            out = list(self._results)
+            self._results.clear()
+        return out
+
+    def has_pending_work(self) -> bool:
+        return self._jobs_open > 0 or bool(self._results)
+
+    def drain(self) -> None:
+        self._pool.wait_idle()
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        now = time.time()
+        with self._lock:
+            for k in keys:
+                if k in self._index and k in self._policy:
+                    self._policy.touch(k)
+                    self._access[k] = now
+
+    # -- completion bookkeeping -------------------------------------------------------------
+    def _chunk_done(
+        self, state: _Job, ok: list[BlockKey], nbytes: int, error: str | None, load: bool
+    ) -> None:
+        with self._lock:
+            state.ok.update(ok)
+            state.nbytes += nbytes
+            if error and not state.error:
+                state.error = error
+            state.chunks_left -= 1
+            if state.chunks_left:
+                return
+            job = state.job
+            if load:
+                self._loading.subtract(job.keys)
+                for k in job.keys:
+                    if self._loading[k] <= 0:
+                        del self._loading[k]
+            success = all(k in state.ok for k in job.keys)
+            if not success:
+                self.stats.failed_jobs += 1
+            partial = None if success else frozenset(state.ok)
+            seconds = time.perf_counter() - state.t0
+            self._results.append(JobResult(job.job_id, success, partial, state.nbytes, seconds, state.error))
+            self._jobs_open -= 1
+
+    # -- stores ------------------------------------------------------------------------------
+    def _store_chunk(self, state: _Job, items: list[tuple[BlockKey, int]]) -> None:
+        ok: list[BlockKey] = []
+        nbytes = 0
+        error: str | None = None
+        try:
+            granted = self._reserve(items)
+            written: list[tuple[BlockKey, str, str, int]] = []
+            for key, slot in granted:
+                size = self.layout.file_size(len(key))
+                tmp = os.path.join(self._acct.tmp_dir, f"{self._token}.{next(self._seq)}")
+                try:
+                    self._write_file(tmp, key, slot)
+                    written.append((key, tmp, self.layout.path_of(key), size))
+                except OSError as exc:
+                    error = self._store_failed(exc, tmp, size)
+            if len(granted) < len(items):
+                error = error or "capacity: no evictable block (stores dropped)"
+            if written:
+                ok = self._publish(written)
+                nbytes = self.block_bytes * len(ok)
+        except OSError as exc:  # accounting file trouble: fail the chunk, never raise
+            error = f"{type(exc).__name__}: {exc}"
+            self._rlog.warning("acct", f"kvtier fs {self.name}: store failed: {error}")
+        finally:
+            with self._lock:
+                for key, _ in items:
+                    self._storing.discard(key)
+                self.stats.stores += len(ok)
+                self.stats.bytes_written += nbytes
+            self._chunk_done(state, ok, nbytes, error, load=False)
+
+    def _store_failed(self, exc: OSError, tmp: str, size: int) -> str:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            self._acct.release(size)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._full_until = time.monotonic() + self.full_backoff
+            self._rlog.warning(
+                "enospc", f"kvtier fs {self.name}: disk full under {self.layout.ns_dir}; dropping stores"
+            )
+        else:
+            self._rlog.warning(
+                "write", f"kvtier fs {self.name}: write failed under {self.layout.ns_dir}: {exc}"
+            )
+        return f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
+
+    def _reserve(self, items: list[tuple[BlockKey, int]]) -> list[tuple[BlockKey, int]]:
+        """Reserve bytes for as many leading items as fit (evicting victims); drop the rest."""
+        sizes = [self.layout.file_size(len(k)) for k, _ in items]
+        with self._acct.section() as st:
+            me = self._acct.me(st)
+            granted = len(items)
+            if self.max_bytes is not None:
+                free = self.max_bytes - st.usage
+                if free < sum(sizes):
+                    free += self._make_room(st, sum(sizes) - free)
+                while granted and sum(sizes[:granted]) > free:
+                    granted -= 1
+            me["reserved"] = int(me["reserved"]) + sum(sizes[:granted])
+        if granted < len(items):
+            with self._lock:
+                self.stats.dropped_stores += len(items) - granted
+        return items[:granted]
+
+    def _make_room(self, st: AccountingState, deficit: int) -> int:
+        """Evict our own unprotected blocks to free ``deficit`` bytes (inside a section).
+
+        Returns the bytes freed. Dead processes' reservations are reclaimed first (cheap, exact).
+        """
+        before = st.usage
+        self._acct.recover_dead(st)
+        freed = before - st.usage
+        if freed >= deficit:
+            return freed
+        unit = self.layout.file_size(32)
+        with self._lock:
+            protected = set(self._loading) | self._storing
+            avail = len(self._policy) - sum(1 for k in protected if k in self._policy)
+            n = min(-(-(deficit - freed) // unit), avail)
+            victims = self._policy.evict(n, protected) if n > 0 else []
+            paths = [self.layout.path_of(v) for v in victims]
+            for v in victims:
+                self._forget_locked(v)
+            self.stats.evictions += len(victims)
+        removed = self._acct.unlink_files(st, paths)
+        return freed + sum(s for _, s in removed)
+
+    def _forget_locked(self, key: BlockKey) -> None:
+        self._index.pop(key, None)
+        self._access.pop(key, None)
+        self._policy.remove(key)
+        if not self._scan_done:
+            self._tombstones.add(key)
+
+    def _header_buffer(self, head: bytes) -> memoryview:
+        """Page-aligned copy of ``head`` (O_DIRECT needs aligned memory), one per worker thread."""
+        buf: mmap.mmap | None = getattr(self._tls, "hbuf", None)
+        if buf is None or len(buf) < len(head):
+            buf = mmap.mmap(-1, max(HEADER_ALIGN, len(head)))
+            self._tls.hbuf = buf
+        buf[: len(head)] = head
+        return memoryview(buf)[: len(head)]
+
+    def _write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
+        payload = self.slot_array(slot)
+        head = codec.encode_header(
+            key, self.block_bytes, codec.payload_checksum(key, self.layout.ns_tag, payload.data),
+            self.layout.ns_tag, HEADER_ALIGN,
+        )  # fmt: skip
+        direct = (
+            self.direct_io
+            and payload.ctypes.data % HEADER_ALIGN == 0
+            and self.block_bytes % HEADER_ALIGN == 0
+        )
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(tmp, flags | (_O_DIRECT if direct else 0), 0o600)
+        try:
+            parts = [self._header_buffer(head) if direct else head, payload.data]
+            want = len(head) + self.block_bytes
+            done = os.pwritev(fd, parts, 0)
+            if done != want:  # short write: finish it plainly (rare; not on regular files)
+                whole = head + payload.tobytes()
+                while done < want:
+                    done += os.pwrite(fd, whole[done:], done)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _publish(self, written: list[tuple[BlockKey, str, str, int]]) -> list[BlockKey]:
+        for _, _, final, _ in written:
+            d = os.path.dirname(final)
+            if d not in self._dirs_made:
+                os.makedirs(d, mode=0o700, exist_ok=True)
+                self._dirs_made.add(d)
+        ok: list[BlockKey] = []
+        now = time.time()
+        with self._acct.section() as st:
+            flags = self._acct.publish(st, [(tmp, final, size) for _, tmp, final, size in written])
+            with self._lock:
+                for (key, _, _, size), good in zip(written, flags, strict=True):
+                    if not good:
+                        continue
+                    ok.append(key)
+                    self._tombstones.discard(key)
+                    if key in self._index:
+                        continue
+                    self._insert_locked(st, key, size, now)
+        if self.fsync:
+            for d in {os.path.dirname(f) for _, _, f, _ in written}:
+                _fsync_dir(d)
+        return ok
+
+    def _insert_locked(self, st: AccountingState, key: BlockKey, size: int, when: float) -> None:
+        """Index a block now in the tree (tier lock + accounting section held)."""
+        if len(self._policy) >= self._policy.capacity:
+            for v in self._policy.evict(1, set(self._loading) | self._storing):
+                self._index.pop(v, None)
+                self._access.pop(v, None)
+                self._acct.unlink_files(st, [self.layout.path_of(v)])
+                self.stats.evictions += 1  # tier lock held by the caller
+        if len(self._policy) < self._policy.capacity:
+            self._policy.insert(key)
+        self._index[key] = size
+        self._access[key] = when
+
+    # -- loads -------------------------------------------------------------------------------
+    def _load_chunk(self, state: _Job, items: list[tuple[BlockKey, int]]) -> None:
+        ok: list[BlockKey] = []
+        nbytes = 0
+        error: str | None = None
+        try:
+            for key, slot in items:
+                err = self._load_one(key, slot)
+                if err is None:
+                    ok.append(key)
+                    nbytes += self.block_bytes
+                else:
+                    error = error or err
+        finally:
+            now = time.time()
+            with self._lock:
+                self.stats.loads += len(ok)
+                self.stats.bytes_read += nbytes
+                for k in ok:
+                    if k in self._index and k in self._policy:
+                        self._policy.touch(k)
+                        self._access[k] = now
+            self._chunk_done(state, ok, nbytes, error, load=True)
+
+    def _load_one(self, key: BlockKey, slot: int) -> str | None:
+        """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
+        path = self.layout.path_of(key)
+        hlen = codec.header_size(len(key), HEADER_ALIGN)
+        payload = self.rows[slot, : self.block_bytes]
+        head = bytearray(hlen)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            self._drop_stale(key)
+            return "missing"
+        except OSError as exc:
+            self._rlog.warning("read", f"kvtier fs {self.name}: cannot open {path}: {exc}")
+            return f"read error: {exc.strerror or exc}"
+        try:
+            size = os.fstat(fd).st_size
+            got = os.preadv(fd, [head, payload.data], 0)
+            if size != hlen + self.block_bytes or got != size:
+                raise codec.CorruptBlockError(
+                    "length", f"file is {size} bytes, expected {hlen + self.block_bytes}"
+                )
+            header = codec.parse_header(
+                head, expected_key=key, ns_tag=self.layout.ns_tag, payload_len=self.block_bytes
+            )
+            if header.header_len != hlen:
+                raise codec.CorruptBlockError("header", f"header length {header.header_len}, expected {hlen}")
+            if self.verify:
+                codec.verify_payload(header, payload.data)
+            if self.record_access:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+            return None
+        except codec.CorruptBlockError as exc:
+            self._drop_corrupt(key, path, exc.reason)
+            return f"corrupt: {exc.reason}"
+        except OSError as exc:
+            self._rlog.warning("read", f"kvtier fs {self.name}: read failed for {path}: {exc}")
+            return f"read error: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+
+    def _drop_stale(self, key: BlockKey) -> None:
+        # Another process evicted it (or someone deleted it): forget it; nothing to account.
+        with self._lock:
+            if key in self._index:
+                self._forget_locked(key)
+
+    def _drop_corrupt(self, key: BlockKey, path: str, reason: str) -> None:
+        self._rlog.warning("corrupt", f"kvtier fs {self.name}: removed corrupt block {path} ({reason})")
+        with self._lock:
+            self.stats.corrupt += 1
+            if key in self._index:
+                self._forget_locked(key)
+        try:
+            with self._acct.section() as st:
+                self._acct.unlink_files(st, [path])
+        except OSError as exc:
+            self._rlog.warning("acct", f"kvtier fs {self.name}: cannot remove {path}: {exc}")
+
+    # -- warm restart ------------------------------------------------------------------------
+    def _scan(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            with self._acct.section() as st:
+                self._acct.remove_stale_temp_files(st)
+            self._remove_strays_at_top()
+            for shard in self.layout.scan():
+                if self._scan_stop:
+                    return
+                self._absorb(shard)
+                self._top_done[shard.top] = 1
+            self._finish_scan()
+        except Exception:  # the scan must never take the tier down; lookups then answer MISS
+            log.exception("kvtier fs %s: start-up scan failed; serving what is indexed", self.name)
+        finally:
+            self.scan_seconds = time.perf_counter() - t0
+            self._scan_done = True
+
+    def _remove_strays_at_top(self) -> None:
+        known = {"config.json", "accounting.json", "procs", "tmp"}
+        bad: list[str] = []
+        with os.scandir(self.layout.ns_dir) as it:
+            for e in it:
+                if e.name in known or (len(e.name) == 2 and e.is_dir(follow_symlinks=False)):
+                    continue
+                if e.is_file(follow_symlinks=False) or e.is_symlink():
+                    bad.append(e.path)
+        self._remove_bad([(p, "stray") for p in bad])
+
+    def _remove_bad(self, bad: list[tuple[str, str]]) -> None:
+        files = [p for p, _ in bad if not os.path.isdir(p) or os.path.islink(p)]
+        for p, reason in bad:
+            if p not in files:
+                self._rlog.warning("stray", f"kvtier fs {self.name}: ignoring unexpected directory {p}")
+            else:
+                self._rlog.warning("corrupt", f"kvtier fs {self.name}: removed {p} ({reason})")
+        if not files:
+            return
+        with self._lock:
+            self.stats.corrupt += len(files)
+        with self._acct.section() as st:
+            self._acct.unlink_files(st, files)
+
+    def _absorb(self, shard: ScanShard) -> None:
+        self.scan_files += len(shard.entries) + len(shard.bad)
+        if shard.bad:
+            self._remove_bad(shard.bad)
+        if not shard.entries:
+            return
+        shard.entries.sort(key=lambda e: e.mtime)
+        with self._acct.section() as st, self._lock:
+            for e in shard.entries:
+                key = BlockKey(e.key)
+                if key in self._index or key in self._tombstones:
+                    continue
+                self._insert_locked(st, key, e.size, e.mtime)
+
+    def _finish_scan(self) -> None:
+        with self._acct.section() as st, self._lock:
+            if self._acct.alone(st) or self._acct.lost_state:
+                # Nobody else wrote while we scanned: the index is the tree. Repair the totals.
+                st.published = sum(self._index.values())
+            # Re-order the policy by access time across shards (the scan inserted shard by shard).
+            fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options, "")
+            for k in sorted(self._index, key=lambda k: self._access.get(k, 0.0)):
+                fresh.insert(k)
+            self._policy = fresh
+            self._tombstones.clear()
+            over = st.usage - self.max_bytes if self.max_bytes is not None else 0
+        if over > 0:  # max_bytes was lowered since the last run
+            with self._acct.section() as st:
+                self._make_room(st, over)
+
+    # -- introspection -----------------------------------------------------------------------
+    def usage(self) -> AccountingState:
+        """The shared accounting (published + reserved bytes of every process); takes the lock."""
+        return self._acct.snapshot()
+
+    def indexed_keys(self) -> set[BlockKey]:
+        with self._lock:
+            return set(self._index)
+
+    def get_stats(self) -> dict[str, int]:
+        d = self.stats.as_dict()
+        d["index_blocks"] = len(self._index)
+        d["index_bytes"] = sum(self._index.values())
+        d["scan_done"] = int(self._scan_done)
+        d["scan_files"] = self.scan_files
+        return d
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info.update(
+            root_dir=self.layout.root_dir, ns_dir=self.layout.ns_dir, max_bytes=self.max_bytes,
+            eviction_policy=self._policy_name, verify="always" if self.verify else "never",
+            fsync=self.fsync, direct_io=self.direct_io, threads=self.threads,
+        )  # fmt: skip
+        return info
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._scan_stop = True
+        self._pool.wait_idle()
+        self._pool.stop()
+        self._scan_thread.join(timeout=30)
+        self._acct.close()
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
