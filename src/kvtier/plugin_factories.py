@@ -6,6 +6,7 @@ Re-exported by :mod:`kvtier.plugins` (import them from there). Constructor-argum
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -64,9 +65,11 @@ def _check_kwargs(
         for key in options:
             if key not in by_name or key in supplied:
                 valid = sorted(n for n in by_name if n not in supplied)
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
                     f"{key_path}.{key}",
-                    f"unexpected option for {what}; it accepts: {', '.join(valid) or 'no options'}",
+                    f"unexpected option for {what}{hint}; it accepts: {', '.join(valid) or 'no options'}",
                 )
     for n, p in by_name.items():
         if p.default is inspect.Parameter.empty and n not in options and n not in supplied:

@@ -1,0 +1,1 @@
+"""The ``kvtier`` command line: a thin shell over the library (see :mod:`kvtier.cli.main`)."""

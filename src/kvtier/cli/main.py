@@ -1,0 +1,120 @@
+"""``kvtier``: the command-line entry point.
+
+Each subcommand lives in its own module ``kvtier.cli.<name>`` exposing ``add_parser(subparsers)`` and
+``run(args) -> int``; :data:`COMMANDS` lists them in help order. Command modules are imported when
+``main`` runs (never when :mod:`kvtier` is imported) and must keep their top-level imports light:
+heavy dependencies are imported inside ``run``.
+
+Exit codes (all commands): 0 success; 1 the command ran and found a problem (e.g. a failed round
+trip); 2 bad input (config, arguments), printed as one line ``ErrorType: message``; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from kvtier import __version__
+from kvtier.errors import KvtierError
+
+__all__ = ["COMMANDS", "build_parser", "error_line", "main", "print_table"]
+
+#: Subcommand module names under ``kvtier.cli`` (a module not installed yet is left out of the menu).
+COMMANDS = ["plugins", "check", "replay", "bench", "serve"]
+
+
+def _load(name: str) -> ModuleType | None:
+    module = f"kvtier.cli.{name}"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None  # listed but not shipped in this build
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every available subcommand registered)."""
+    parser = argparse.ArgumentParser(
+        prog="kvtier",
+        description="Tiered, pluggable KV-cache offloading for LLM inference: inspect, check, replay.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvtier {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log INFO lines (e.g. which plug-ins were loaded)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = _load(name)
+        if module is None:
+            continue
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def error_line(exc: BaseException) -> str:
+    """``ErrorType: message`` on one line (the CLI's error format)."""
+    text = " ".join(str(exc).split()) or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kvtier`` command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code = run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except KvtierError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # A bug or an environment problem: still one line (the user can rerun under python -X dev
+        # or call the library for the traceback), and a distinct exit code from bad input.
+        print(error_line(exc), file=sys.stderr)
+        return 1
+    return int(code or 0)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Print a table to stdout: with rich when it is installed, aligned plain text otherwise."""
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max([len(col)] + [len(r[i]) for r in cells]) for i, col in enumerate(columns)]
+        print(title)
+        print("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)).rstrip())
+        print("  ".join("-" * w for w in widths))
+        for r in cells:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        return
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for r in cells:
+        table.add_row(*r)
+    # Wide enough that import targets are not folded when stdout is a pipe.
+    Console(width=None if sys.stdout.isatty() else 200, highlight=False).print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m kvtier.cli.main
+    sys.exit(main())
