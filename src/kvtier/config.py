@@ -225,9 +225,15 @@ def _parse_plugins(value: Any) -> PluginsConfig:
     allow = _expect(value.get("allow_module_path", True), bool, "plugins.allow_module_path", "true or false")
     mods = value.get("allowed_modules", [])
     _expect(mods, list, "plugins.allowed_modules", "a list of module prefixes")
+    prefixes = []
     for i, m in enumerate(mods):
         _expect(m, str, f"plugins.allowed_modules[{i}]", "a module prefix string")
-    return PluginsConfig(allow_module_path=allow, allowed_modules=tuple(mods))
+        # "mypkg." would otherwise silently match nothing (the check appends the dot itself).
+        prefix = m.strip().rstrip(".")
+        if not prefix:
+            raise ConfigError(f"plugins.allowed_modules[{i}]", "must name a module prefix such as mypkg")
+        prefixes.append(prefix)
+    return PluginsConfig(allow_module_path=allow, allowed_modules=tuple(prefixes))
 
 
 def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
@@ -318,6 +324,11 @@ def load_config(
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("", f"{path}: cannot read config file ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        # Not an OSError: without this a binary file escaped as a bare ValueError with a traceback.
+        raise ConfigError(
+            "", f"{path}: config file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from exc
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml

@@ -50,6 +50,11 @@ class ConfigError(KvtierError, ValueError):
         self.detail = message
         super().__init__(f"{key_path}: {message}" if key_path else message)
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str], dict[str, object]]:
+        # The default reduce re-calls __init__ with the formatted message only, which fails; errors
+        # must survive pickling to cross process pools (sweeps, shared-memory workers).
+        return type(self), (self.key_path, self.detail), self.__dict__
+
 
 class PluginError(KvtierError):
     """A plug-in (tier, policy or spec) could not be resolved, imported or validated.
