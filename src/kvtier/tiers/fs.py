@@ -636,9 +636,12 @@ class FsTier(SecondaryTier):
                 self._make_room(st, over)
 
     # -- introspection -----------------------------------------------------------------------
-    def usage(self) -> AccountingState:
-        """The shared accounting (published + reserved bytes of every process); takes the lock."""
-        return self._acct.snapshot()
+    def usage(self, recover: bool = True) -> AccountingState:
+        """The shared accounting (published + reserved bytes of every process); takes the lock.
+
+        With ``recover`` (default) the sections of dead processes are cleaned up first.
+        """
+        return self._acct.snapshot(recover)
 
     def indexed_keys(self) -> set[BlockKey]:
         with self._lock:

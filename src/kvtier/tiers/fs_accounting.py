@@ -125,9 +125,14 @@ class SharedAccounting:
         return st
 
     def _write(self, st: AccountingState) -> None:
+        # One pwrite, never a truncate: JSON allows trailing blanks, so a shorter document is padded
+        # to the old length. A process killed between a pwrite and an ftruncate would otherwise
+        # leave a valid prefix followed by garbage.
         data = st.to_bytes()
+        size = os.fstat(self._fd).st_size
+        if len(data) < size:
+            data = data.ljust(size, b" ")
         os.pwrite(self._fd, data, 0)
-        os.ftruncate(self._fd, len(data))
         if self.fsync:
             os.fsync(self._fd)
 
@@ -272,9 +277,11 @@ class SharedAccounting:
             me = self.me(st)
             me["reserved"] = max(0, int(me["reserved"]) - nbytes)
 
-    def snapshot(self) -> AccountingState:
-        """A consistent copy of the file (for stats and tests)."""
+    def snapshot(self, recover: bool = True) -> AccountingState:
+        """A consistent copy of the file (for stats and tests), after cleaning up dead processes."""
         with self.section() as st:
+            if recover:
+                self.recover_dead(st)
             return AccountingState(st.published, json.loads(json.dumps(st.procs)), st.gen)
 
     def close(self) -> None:

@@ -1,0 +1,122 @@
+"""Helpers for the fs-tier integration tests, also runnable as the writer subprocess.
+
+Imported by path from the test files (``load_helpers()``), and run as a script by the crash and
+capacity tests: ``python conftest_fs.py <mode> <json-args>``. Payloads are a pure function of the
+key, so any process can check what any other stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey
+from kvtier.testing.primary import PrimaryBuffer, wait_for_jobs
+from kvtier.tiers.base import TierContext
+from kvtier.tiers.fs import FsTier
+
+NAMESPACE = "fs-test-ns"
+_job_ids = iter(range(1, 1 << 62))
+
+
+def aligned_primary(num_slots: int, block_bytes: int) -> PrimaryBuffer:
+    """A page-aligned primary buffer (like a real pinned/shm buffer), so O_DIRECT is exercised."""
+    row = -(-block_bytes // 4096) * 4096
+    mem = mmap.mmap(-1, num_slots * row)
+    rows = np.frombuffer(mem, dtype=np.uint8).reshape(num_slots, row)
+    return PrimaryBuffer(memoryview(rows), rows, block_bytes)
+
+
+def key_of(name: str) -> BlockKey:
+    return BlockKey(xxhash.xxh3_128_digest(name.encode()))
+
+
+def payload_of(key: bytes, n: int) -> np.ndarray:
+    return np.random.default_rng(xxhash.xxh3_64_intdigest(key)).integers(0, 256, n, dtype=np.uint8)
+
+
+def make_tier(primary: PrimaryBuffer, root: str | Path, namespace: str = NAMESPACE, **options: Any) -> FsTier:
+    ctx = TierContext(name="fs", block_bytes=primary.block_bytes, namespace=namespace)
+    return FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(root), **options)
+
+
+def store(tier: FsTier, primary: PrimaryBuffer, keys: Sequence[BlockKey], timeout: float = 60) -> JobResult:
+    """Fill slots 0..n-1 with each key's payload and store them as one job."""
+    for slot, k in enumerate(keys):
+        primary.block(slot)[:] = payload_of(k, primary.block_bytes)
+    job = TransferJob(next(_job_ids), list(keys), np.arange(len(keys), dtype=np.int32))
+    tier.submit_store(job)
+    return wait_for_jobs(tier, [job.job_id], timeout=timeout)[job.job_id]
+
+
+def load(tier: FsTier, primary: PrimaryBuffer, keys: Sequence[BlockKey], timeout: float = 60) -> JobResult:
+    """Load keys into slots 0..n-1 (poisoned first, so stale bytes cannot pass as a load)."""
+    for slot in range(len(keys)):
+        primary.block(slot)[:] = 0xEE
+    job = TransferJob(next(_job_ids), list(keys), np.arange(len(keys), dtype=np.int32), is_promotion=True)
+    tier.submit_load(job)
+    return wait_for_jobs(tier, [job.job_id], timeout=timeout)[job.job_id]
+
+
+def tree_files(ns_dir: str | Path, include_tmp: bool = True) -> dict[str, int]:
+    """Every block (and temp) file under a namespace directory -> size in bytes."""
+    out: dict[str, int] = {}
+    for dirpath, _, files in os.walk(ns_dir):
+        rel = os.path.relpath(dirpath, ns_dir)
+        if rel == "procs" or (rel == "tmp" and not include_tmp) or rel == ".":
+            continue
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with contextlib.suppress(FileNotFoundError):
+                out[p] = os.stat(p).st_size
+    return out
+
+
+def block_files(ns_dir: str | Path) -> dict[str, int]:
+    return {p: s for p, s in tree_files(ns_dir, include_tmp=False).items()}
+
+
+# -- subprocess modes ----------------------------------------------------------------------------
+def _writer(args: dict[str, Any]) -> None:
+    """Store batches of keys forever (crash test) or a fixed list (capacity test)."""
+    primary = aligned_primary(args["batch"], args["block_bytes"])
+    tier = make_tier(primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2))
+    tier.wait_scan()
+    prefix, count, batch = args["prefix"], args.get("count", 1 << 30), args["batch"]
+    stored: list[str] = []
+    i = 0
+    print("ready", flush=True)
+    while i < count:
+        keys = [key_of(f"{prefix}-{j}") for j in range(i, min(i + batch, count))]
+        res = store(tier, primary, keys)
+        stored += [k.hex() for k in res.transferred(keys)]
+        i += batch
+        print(f"batch {i}", flush=True)
+    index = sorted(k.hex() for k in tier.indexed_keys())
+    tier.shutdown()
+    out = {"stored": stored, "index": index, "evictions": tier.stats.evictions}
+    Path(args["out"]).write_text(json.dumps(out))
+
+
+def spawn_args(mode: str, args: dict[str, Any]) -> list[str]:
+    return [sys.executable, __file__, mode, json.dumps(args)]
+
+
+if __name__ == "__main__":
+    _mode, _args = sys.argv[1], json.loads(sys.argv[2])
+    if _mode == "writer":
+        _writer(_args)
+    else:
+        raise SystemExit(f"unknown mode {_mode}")
+    time.sleep(0)
