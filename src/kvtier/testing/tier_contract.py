@@ -108,14 +108,14 @@ class TierContractTests:
         primary.rows[0:4, primary.block_bytes :] = _PAD
         result = self.store(tier, keys, [0, 1, 2, 3])
         assert result.success and result.transferred(keys) == keys
-        assert result.nbytes >= 4 * primary.block_bytes
+        assert result.nbytes >= 4 * primary.block_bytes, "JobResult.nbytes must count the bytes stored"
         dst = [primary.num_slots - 1 - i for i in range(4)]
         for slot in dst:
             primary.rows[slot, : primary.block_bytes] = 0
             primary.rows[slot, primary.block_bytes :] = _PAD
         result = self.load(tier, keys, dst)
         assert result.success and result.transferred(keys) == keys
-        assert result.nbytes >= 4 * primary.block_bytes
+        assert result.nbytes >= 4 * primary.block_bytes, "JobResult.nbytes must count the bytes loaded"
         for src, slot in zip(range(4), dst, strict=True):
             assert primary.block(slot).tobytes() == written[src], f"slot {slot} differs"
             assert (primary.rows[slot, primary.block_bytes :] == _PAD).all(), "row padding was written"
