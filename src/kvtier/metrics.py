@@ -90,8 +90,9 @@ def tier_counters(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     out["primary"] = {
         "lookups": _first(primary, "lookups") or _num(stats.get("lookups")),
         "hits": _first(primary, "hits") or _num(stats.get("hits")),
-        "bytes_read": _first(primary, "bytes_read"),
-        "bytes_written": _first(primary, "bytes_written"),
+        # Primary "read" = blocks copied out to the inference engine (loads), "write" = stored in.
+        "bytes_read": _first(primary, "bytes_read") or _num(stats.get("bytes_loaded")),
+        "bytes_written": _first(primary, "bytes_written") or _num(stats.get("bytes_stored")),
         "read_seconds": _first(primary, "read_seconds", "load_seconds"),
         "write_seconds": _first(primary, "write_seconds", "store_seconds"),
         "evictions": _first(primary, "evictions") or _num(stats.get("evictions")),
@@ -120,7 +121,7 @@ def tier_counters(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def _inflight(stats: Mapping[str, Any]) -> dict[str, float]:
-    raw = stats.get("inflight_jobs", stats.get("in_flight_jobs"))
+    raw = stats.get("inflight_jobs", stats.get("jobs_inflight", stats.get("in_flight_jobs")))
     if isinstance(raw, Mapping):
         return {str(k): _num(v) for k, v in raw.items()}
     if raw is not None:

@@ -9,12 +9,17 @@ about 2 % of the unique blocks and the disk tier about 25 %, with 4 KiB syntheti
 from __future__ import annotations
 
 import contextlib
+import gzip
 import importlib.resources
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "SHIPPED_TRACE", "default_config", "shipped_trace"]
+from kvtier.sim.trace import TraceError, TraceRequest, read_trace
+
+__all__ = ["DEFAULT_BLOCK_BYTES", "SHIPPED_TRACE", "default_config", "read_requests", "shipped_trace"]
 
 #: Payload bytes per block in replays unless ``--block-bytes`` or the config says otherwise.
 DEFAULT_BLOCK_BYTES = 4096
@@ -45,3 +50,27 @@ def default_config(root_dir: str | Path, block_bytes: int = DEFAULT_BLOCK_BYTES)
             {"type": "fs", "root_dir": str(root_dir), "max_bytes": 45696 * block_bytes},
         ],
     }
+
+
+def read_requests(path: str | Path, *, limit: int | None = None) -> list[TraceRequest]:
+    """:func:`kvtier.sim.trace.read_trace`, with gzip files decompressed to a temporary file first.
+
+    Why: the reader leaves the compressed file's handle to the garbage collector (a
+    ``ResourceWarning``, an error under ``pytest -W error``); a plain file it closes itself.
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return read_trace(p, limit=limit)  # the reader reports the missing file in its own words
+    if not gz:
+        return read_trace(p, limit=limit)
+    with tempfile.TemporaryDirectory(prefix="kvtier-trace-") as tmp:
+        plain = Path(tmp) / p.name.removesuffix(".gz")
+        try:
+            with gzip.open(p, "rb") as src, plain.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{p}: cannot decompress trace ({exc})") from exc
+        return read_trace(plain, limit=limit)

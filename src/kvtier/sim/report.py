@@ -65,6 +65,7 @@ class ReplayReport:
     elapsed_seconds: float = 0.0
     engine_seconds: float = 0.0
     semantics: str = "engine"
+    notes: list[str] = field(default_factory=list)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -112,6 +113,7 @@ class ReplayReport:
             "elapsed_seconds": self.elapsed_seconds,
             "engine_seconds": self.engine_seconds,
             "refs_per_second": self.refs_per_second,
+            "notes": list(self.notes),
         }
 
 
@@ -176,6 +178,8 @@ def render_report(report: ReplayReport, console: Any) -> None:
         )
     summary.add_row("elapsed", f"{report.elapsed_seconds:.2f} s ({report.refs_per_second:,.0f} refs/s)")
     console.print(summary)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
 
     tiers = Table(title="per tier")
     for col in ("tier", "type", "hits", "hit ratio", "read", "written", "evictions", "corrupt", "dropped"):

@@ -1,0 +1,93 @@
+"""``kvtier bench``: each tier's throughput next to its physical reference (memcpy, raw file I/O).
+
+Without ``--config`` it measures the default stack (RAM primary tier + ``fs`` tier in a temporary
+directory). ``--json`` prints one object whose ``tiers`` list feeds ``cost_model.bench_file``.
+Exit codes: 0 success; 1 a tier returned wrong bytes; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="throughput of each tier next to memcpy / raw file I/O",
+        description="Measure the primary tier and every configured tier against their physical references.",
+    )
+    p.add_argument("--config", "-c", help="config file or JSON string; default: RAM + temporary fs tier")
+    p.add_argument("--blocks", type=int, default=256, help="blocks per batch (default 256)")
+    p.add_argument("--block-bytes", type=int, help="bytes per block (default: the config's block_bytes)")
+    p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _rate(bps: float) -> str:
+    return f"{bps / 1e9:.2f} GB/s" if bps >= 1e8 else f"{bps / 1e6:.1f} MB/s"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``kvtier bench``; returns the exit code."""
+    from kvtier.config import load_config
+    from kvtier.errors import ConfigError
+    from kvtier.sim.defaults import default_config
+    from kvtier.sim.tierbench import run_bench
+
+    if args.blocks < 1 or args.repeats < 1:
+        raise ConfigError("--blocks", "--blocks and --repeats must be >= 1")
+    with contextlib.ExitStack() as stack:
+        if args.config:
+            config = load_config(args.config)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-bench-"))
+            config = load_config(
+                default_config(Path(tmp) / "fs0", block_bytes=args.block_bytes or 256 * 1024)
+            )
+        if args.block_bytes is not None:
+            if args.block_bytes < 1:
+                raise ConfigError("--block-bytes", f"must be >= 1, got {args.block_bytes}")
+            config = dataclasses.replace(config, block_bytes=args.block_bytes)
+        report = run_bench(config, blocks=args.blocks, repeats=args.repeats)
+    bad = [t["name"] for t in report["tiers"] if not t.get("verified", True)]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"kvtier bench — {report['blocks']} blocks of {report['block_bytes']:,} bytes")
+        for col in ("tier", "medium", "store", "load", "load latency", "reference", "ref store", "ref load",
+                    "store ratio", "load ratio"):  # fmt: skip
+            table.add_column(col, justify="left" if col in ("tier", "medium", "reference") else "right")
+        for t in report["tiers"]:
+            ref = t.get("reference") or {}
+            r = t.get("ratios") or {}
+            table.add_row(
+                t["name"],
+                t["medium"],
+                _rate(t["store_bytes_per_s"]),
+                _rate(t["load_bytes_per_s"]),
+                f"{t['load_latency_s'] * 1e6:.0f} us",
+                ref.get("kind", "-"),
+                _rate(ref["store_bytes_per_s"]) if ref else "-",
+                _rate(ref["load_bytes_per_s"]) if ref else "-",
+                f"{r['store']:.2f}" if r else "-",
+                f"{r['load']:.2f}" if r else "-",
+            )
+        Console().print(table)
+    if bad:
+        print(f"VerifyError: tier(s) {', '.join(bad)} returned wrong bytes", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,229 @@
+"""``kvtier replay``: replay a KV-cache trace through the engine; sweeps, OPT, plots, JSON.
+
+With no arguments it replays the conversation trace shipped in the package on the default stack
+(primary tier in RAM + ``fs`` tier in a temporary directory). See docs/replay.md.
+
+Exit codes: 0 success; 1 real-mode verification found mismatched blocks; 2 bad input (config, trace,
+option), printed as one line ``ErrorType: message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError, KvtierError
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_SWEEP_CAPACITIES = "1%,5%,10%,25%,50%"
+DEFAULT_SWEEP_POLICIES = "lru,arc,s3fifo,sieve,prefix"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``replay`` on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="replay a KV-cache trace through the engine (hit ratios, capacity planning)",
+        description=(
+            "Replay a Mooncake or generic JSONL trace (optionally gzip) through the kvtier engine. "
+            "Default: the shipped conversation trace on RAM + a temporary fs tier, real bytes."
+        ),
+    )
+    p.add_argument("trace", nargs="?", help="trace file (.jsonl or .jsonl.gz); default: the shipped trace")
+    p.add_argument(
+        "--config", "-c", help="config file (.json/.yaml) or JSON string; default: RAM + temp fs tier"
+    )
+    p.add_argument("--simulate", action="store_true", help="metadata only, virtual clock, same engine")
+    p.add_argument("--policy", help="eviction policy (comma-separated list with --sweep)")
+    p.add_argument("--capacity", help="primary capacity: 1%% of unique blocks, 1827 blocks or 64MiB")
+    p.add_argument("--block-bytes", type=int, help="synthetic payload bytes per block (keeps the slot count)")
+    p.add_argument("--tokens-per-block", type=int, default=512, help="tokens per trace block (default 512)")
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--sweep", action="store_true", help="capacity x policy sweep (simulate) with OPT")
+    p.add_argument("--plot", metavar="PNG", help="write hit ratio vs capacity plot (implies --sweep)")
+    p.add_argument("--opt", action=argparse.BooleanOptionalAction, default=None,
+                   help="compute Belady/OPT (default: on with --simulate and --sweep)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while replaying"
+    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")  # fmt: skip
+    return p
+
+
+def _fail(exc: BaseException) -> int:
+    msg = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    print(f"{type(exc).__name__}: {msg}", file=sys.stderr)
+    return 2
+
+
+@contextlib.contextmanager
+def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
+    """(trace path, config) for the run; temporary directories live for the ``with``."""
+    from kvtier.config import load_config
+    from kvtier.sim.defaults import default_config, shipped_trace
+
+    with contextlib.ExitStack() as stack:
+        trace = Path(args.trace) if args.trace else stack.enter_context(shipped_trace())
+        if args.config:
+            config = load_config(args.config)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-replay-"))
+            config = load_config(default_config(Path(tmp) / "fs0"))
+        if args.block_bytes is not None:
+            if args.block_bytes < 1:
+                raise ConfigError("--block-bytes", f"must be >= 1, got {args.block_bytes}")
+            slots = config.num_primary_slots
+            config = dataclasses.replace(config, block_bytes=args.block_bytes)
+            config = dataclasses.replace(config, cpu_bytes_to_use=slots * config.row_stride)
+        yield trace, config
+
+
+class _Progress:
+    """A rich progress bar on stderr, or nothing."""
+
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self._bar: Any = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(label, total=total)
+
+    def update(self, done: int, total: int, label: str | None = None) -> None:
+        if self._bar is not None:
+            kw: dict[str, Any] = {"completed": done, "total": total}
+            if label is not None:
+                kw["description"] = label
+            self._bar.update(self._task, **kw)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``kvtier replay`` (see :func:`add_parser`); returns the exit code."""
+    try:
+        return _run(args)
+    except (KvtierError, ValueError, OSError) as exc:
+        return _fail(exc)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvtier.keys import KeyNamespace
+    from kvtier.sim.defaults import read_requests
+    from kvtier.sim.replay import prepare_trace, replay
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit", f"must be >= 1, got {args.limit}")
+    if args.tokens_per_block < 1:
+        raise ConfigError("--tokens-per-block", f"must be >= 1, got {args.tokens_per_block}")
+    sweep_mode = args.sweep or args.plot is not None
+    policies = [p.strip() for p in (args.policy or "").split(",") if p.strip()]
+    if not sweep_mode and len(policies) > 1:
+        raise ConfigError("--policy", "several policies need --sweep")
+    if not sweep_mode and args.capacity and "," in args.capacity:
+        raise ConfigError("--capacity", "several capacities need --sweep")
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+
+    with _resolve(args) as (trace_path, config):
+        requests = read_requests(trace_path, limit=args.limit)
+        if not requests:
+            raise ConfigError("trace", f"{trace_path}: no requests to replay")
+        ns = KeyNamespace.from_config(config, block_size=args.tokens_per_block)
+        trace = prepare_trace(requests, ns, name=trace_path.name, tokens_per_block=args.tokens_per_block)
+        if sweep_mode:
+            return _run_sweep(args, trace, config, policies, show_progress)
+        from kvtier.sim.sweep import capacity_config, parse_capacity
+
+        if args.capacity:
+            cap = parse_capacity(args.capacity, trace.unique_blocks, config.row_stride)
+            config = capacity_config(config, cap.blocks)
+        if policies:
+            config = dataclasses.replace(config, eviction_policy=policies[0], cache_policy_module_path=None)
+        bar = _Progress(show_progress, trace.requests, "replay (simulate)" if args.simulate else "replay")
+        try:
+            report = replay(
+                trace,
+                config,
+                simulate=args.simulate,
+                progress=bar.update,
+                metrics_port=args.metrics_port,
+            )
+        finally:
+            bar.close()
+        want_opt = args.simulate if args.opt is None else args.opt
+        if want_opt:
+            from kvtier.sim.opt import opt_hit_ratio
+
+            report.opt = {"block": opt_hit_ratio(trace.flat, report.capacity_blocks)}
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2, default=str))
+        else:
+            from rich.console import Console
+
+            from kvtier.sim.report import render_report
+
+            render_report(report, Console())
+        return 1 if report.verify_mismatches else 0
+
+
+def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list[str], show: bool) -> int:
+    from kvtier.sim.plot import plot_hit_ratio
+    from kvtier.sim.report import render_sweep
+    from kvtier.sim.sweep import parse_capacities, sweep
+
+    caps = parse_capacities(args.capacity or DEFAULT_SWEEP_CAPACITIES, trace.unique_blocks, config.row_stride)
+    pols = policies or DEFAULT_SWEEP_POLICIES.split(",")
+    bar = _Progress(show, 1, "sweep")
+    try:
+        result = sweep(
+            trace,
+            config,
+            caps,
+            pols,
+            with_opt=args.opt is not False,
+            progress=lambda label, done, total: bar.update(done, total, label),
+        )
+    finally:
+        bar.close()
+    if args.plot:
+        curves, opt = result.curves()
+        plot_hit_ratio(
+            args.plot,
+            curves,
+            opt=opt or None,
+            ceiling=result.infinite.get("block"),
+            title=f"{trace.name}: block hit ratio vs capacity ({trace.unique_blocks:,} unique blocks)",
+        )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        render_sweep(result.rows(), console)
+        if args.plot:
+            console.print(f"plot written to {args.plot}")
+    return 0
