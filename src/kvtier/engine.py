@@ -1,0 +1,708 @@
+"""The tiering engine: the one object an inference engine talks to.
+
+:class:`Engine` orchestrates the :class:`~kvtier.primary.PrimaryTier` (slots, states, pins), its
+:class:`~kvtier.policies.base.CachePolicy` and the ordered secondary tiers. Everything slow is a job;
+no method blocks except :meth:`Engine.drain` and :meth:`Engine.close`. All state changes happen under
+one lock, taken once per call (batched calls, no per-key objects), so the simulate path costs about
+a microsecond per block.
+
+Guarantees (tested by ``tests/unit/test_engine_*``):
+    * a WRITING slot is never readable; a pinned slot is never evicted; the primary tier never holds
+      more than ``num_slots`` blocks;
+    * every job submitted to a tier is finished exactly once (``poll``), and its slots are released;
+    * ``drain`` returns when no tier I/O touches the primary buffer; ``reset`` keeps pinned blocks;
+    * tier failures (exceptions, failed jobs) become misses and counters, never exceptions to the
+      caller; only misuse of the API raises (:class:`~kvtier.errors.MisuseError`);
+    * keys of a request with a ``tenant`` are scoped to that tenant, so tenant B never hits tenant A's
+      blocks (see ``docs/engine.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from kvtier.config import KvtierConfig, load_config
+from kvtier.engine_jobs import JobBook
+from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
+from kvtier.errors import ConfigError, MisuseError
+from kvtier.keys import BlockInfo, BlockKey, LookupResult
+from kvtier.policies.base import CachePolicy
+from kvtier.primary import PrimaryTier
+from kvtier.tiers.base import SecondaryTier
+from kvtier.transfer.movers import KVLayout, copy_rows_in, copy_rows_out, gather_blocks, scatter_blocks
+from kvtier.transfer.pool import LOAD, STORE, JobIds, TransferPool
+
+__all__ = ["Engine", "EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
+
+log = logging.getLogger(__name__)
+
+_MISS, _HIT, _PENDING, _RETRY = 0, 1, 2, 3
+_READY, _WRITING, _FLUSHING = 2, 1, 3
+_EVENT_QUEUE = 65536
+
+
+def config_namespace(config: KvtierConfig) -> str:
+    """Stable hex fingerprint of what a block's bytes mean (model, block size) and the salt."""
+    raw = f"{config.model}\0{config.block_bytes}\0{config.cache_salt}".encode()
+    return hashlib.blake2b(raw, digest_size=16, person=b"kvtier-ns").hexdigest()
+
+
+class Engine:
+    """Look up, store and load KV blocks across the primary tier and the secondary tiers.
+
+    Args:
+        config: a :class:`KvtierConfig`, a mapping, a JSON string or a config file path.
+        clock: monotonic seconds (virtual in simulation); stamped on jobs and events.
+        policy: overrides the configured policy (capacity must equal ``num_slots``).
+        tiers: overrides the configured secondary tiers: instances, or factories called with
+            :attr:`primary_kv_view` (an instance built on another view of the same shape is attached
+            to this engine's buffer).
+
+    Construction goes through the configured spec (``spec_name``), resolved by the plug-in
+    registry. With ``primary_backing: none`` (simulation) no buffer exists and configured secondary
+    tiers are not built: slots, states, pins and eviction work as in real mode, bytes never move.
+    """
+
+    def __init__(
+        self,
+        config: KvtierConfig | Mapping[str, Any] | str | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        policy: CachePolicy | None = None,
+        tiers: Sequence[SecondaryTier | Callable[[memoryview], SecondaryTier]] | None = None,
+    ) -> None:
+        cfg = load_config(config)
+        self.config = cfg
+        self._clock = clock or time.monotonic
+        self.namespace = config_namespace(cfg)
+        spec = None
+        num_slots = cfg.num_primary_slots
+        simulate = cfg.primary_backing == "none"
+        if policy is None or (tiers is None and not simulate and cfg.secondary_tiers):
+            from kvtier.plugins import create_spec
+
+            spec = create_spec(cfg)
+            num_slots = spec.num_primary_slots
+        if num_slots < 1:
+            raise ConfigError(
+                "cpu_bytes_to_use",
+                f"{cfg.cpu_bytes_to_use} bytes hold no slot of {cfg.row_stride} bytes; raise it",
+            )
+        if policy is None:
+            assert spec is not None
+            policy = spec.create_policy(num_slots)
+        elif policy.capacity != num_slots:
+            raise MisuseError(
+                f"policy capacity {policy.capacity} must equal the primary tier's {num_slots} slots "
+                f"(cpu_bytes_to_use {cfg.cpu_bytes_to_use} // row_stride {cfg.row_stride})"
+            )
+        self.primary = PrimaryTier(
+            num_slots, cfg.block_bytes, policy, backing=cfg.primary_backing, shm_name=cfg.shm_name
+        )
+        self.policy = policy
+        self.num_slots = num_slots
+        self.block_bytes = cfg.block_bytes
+        self.row_stride = self.primary.row_stride
+        self.primary_kv_view: memoryview = self.primary.primary_kv_view
+        try:
+            self.tiers: list[SecondaryTier] = self._build_tiers(spec, tiers, simulate)
+        except BaseException:
+            self.primary.close()
+            raise
+        self._lock = threading.Lock()
+        self._ids = JobIds()
+        self._events: deque[EngineEvent] = deque(maxlen=_EVENT_QUEUE)
+        self._subscribers: list[Callable[[EngineEvent], None]] = []
+        self._outbox: list[EngineEvent] = []
+        self._tenant_prefix: dict[str, bytes] = {}
+        self._open_handles: set[int] = set()
+        self._token = 0
+        self._pool: TransferPool | None = None
+        self._closed = False
+        self._write_back = cfg.write_policy == "write_back" and bool(self.tiers)
+        self._write_through = cfg.write_policy == "write_through" and bool(self.tiers)
+        self._after_hits = cfg.write_after_hits if cfg.write_policy == "after_hits" and self.tiers else 0
+        self.primary.track_tiers = bool(self.tiers)
+        self.jobs = JobBook(self, cfg.max_inflight_jobs, cfg.promotion_share)
+        self.c: dict[str, int] = dict.fromkeys(
+            (
+                "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores",
+                "dropped_stores", "evictions", "writebacks", "loads", "promotions", "promotions_failed",
+                "promotions_rejected", "tier_errors", "bytes_stored", "bytes_loaded", "resets",
+            ),
+            0,
+        )  # fmt: skip
+
+    def _build_tiers(self, spec: Any, tiers: Sequence[Any] | None, simulate: bool) -> list[SecondaryTier]:
+        if tiers is not None:
+            built: list[SecondaryTier] = []
+            view = self.primary_kv_view
+            for t in tiers:
+                if not isinstance(t, SecondaryTier) and callable(t):
+                    t = t(view)  # a factory: build the tier on this engine's buffer
+                if not isinstance(t, SecondaryTier):
+                    raise MisuseError(
+                        f"tiers must be SecondaryTier instances or factories, got {type(t).__name__}"
+                    )
+                if t.primary_kv_view.obj is not view.obj:
+                    if t.primary_kv_view.shape != view.shape:
+                        raise MisuseError(
+                            f"tier {t.name!r} was built on a view of shape {t.primary_kv_view.shape}; "
+                            f"this engine's primary_kv_view is {view.shape} (pass a factory instead)"
+                        )
+                    # Built on a placeholder of the right shape: attach it to the real buffer.
+                    t.primary_kv_view = view
+                    t.rows = self.primary.rows
+                built.append(t)
+            return built
+        if not self.config.secondary_tiers:
+            return []
+        if simulate:
+            log.info("kvtier: primary_backing 'none' (simulation): secondary_tiers are not built")
+            return []
+        from kvtier.plugins import tier_contexts
+
+        contexts = tier_contexts(self.config, namespace=self.namespace, clock=self._clock)
+        return list(spec.create_tiers(self.primary_kv_view, contexts))
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]:
+        """Engine-internal keys: a tenant's keys carry a 9-byte prefix derived from its name."""
+        if request is None or request.tenant is None:
+            return keys if isinstance(keys, list) else list(keys)
+        prefix = self._tenant_prefix.get(request.tenant)
+        if prefix is None:
+            digest = hashlib.blake2b(request.tenant.encode(), digest_size=8, person=b"kvtier-tenant").digest()
+            prefix = self._tenant_prefix.setdefault(request.tenant, b"\x01" + digest)
+        return [BlockKey(prefix + k) for k in keys]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MisuseError("engine is closed; create a new Engine")
+
+    def _emit(self, kind: str, keys: Sequence[BlockKey], tier: str | None = None) -> None:
+        ev = EngineEvent(kind, tuple(keys), tier, self._clock())
+        self._events.append(ev)
+        if self._subscribers:
+            self._outbox.append(ev)
+
+    def _dispatch(self) -> None:
+        """Deliver queued events to subscribers, outside the lock (callbacks may call the engine)."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        for ev in out:
+            for cb in list(self._subscribers):
+                try:
+                    cb(ev)
+                except Exception:  # a broken metrics hook must not break inference
+                    log.exception("kvtier: event subscriber failed")
+
+    def _next_token(self) -> int:
+        self._token += 1
+        self._open_handles.add(self._token)
+        return self._token
+
+    def _close_token(self, token: int, what: str) -> None:
+        try:
+            self._open_handles.remove(token)
+        except KeyError:
+            raise MisuseError(f"{what}: handle already completed or not from this engine") from None
+
+    def _after_evict(
+        self, evicted: list[BlockKey], flush_keys: list[BlockKey], flush_slots: list[int]
+    ) -> None:
+        if evicted:
+            self.c["evictions"] += len(evicted)
+            self._emit("evicted", evicted)
+        if flush_keys:
+            # Write-back: victims stay readable (FLUSHING) until every tier has copied them.
+            self.c["evictions"] += len(flush_keys)
+            self.c["writebacks"] += len(flush_keys)
+            for t in range(len(self.tiers)):
+                self.jobs.submit_store(t, flush_keys, flush_slots, None)
+
+    def _reserve(self, ikeys: list[BlockKey]) -> tuple[list[int], list[int], int]:
+        pr = self.primary
+        pos, slots, evicted, fk, fs, dropped = pr.reserve(ikeys, flush_dirty=self._write_back)
+        self._after_evict(evicted, fk, fs)
+        if dropped and self._write_back and self.jobs.inflight:
+            # Write-back victims free their slots only when the flush ends; fast tiers are done
+            # already, so collect their results and try the dropped keys once more.
+            self.jobs.poll_locked()
+            pos2, slots2, evicted, fk, fs, dropped = pr.reserve(ikeys, flush_dirty=True)
+            self._after_evict(evicted, fk, fs)
+            pos = pos + pos2
+            slots = slots + slots2
+        return pos, slots, dropped
+
+    # -- lookup ------------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LookupReport:
+        """Where each key is: HIT (primary, readable now), HIT_PENDING, RETRY or MISS.
+
+        Every key is evaluated. Primary hits touch the policy in key order. A key found in a
+        secondary tier reserves a primary slot and is promoted by one batched job per (tier, call);
+        when no slot or no promotion budget is available it is answered MISS.
+        """
+        ikeys = self._scope(keys, request)
+        n = len(ikeys)
+        with self._lock:
+            self._check_open()
+            pr = self.primary
+            slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
+            codes = bytearray(n)
+            nretry = npend = 0
+            if n and max(slots) >= 0:
+                states = pr.states
+                touch: list[BlockKey] = []
+                # One pass in Python: requests are tens of keys, where numpy's per-call cost dominates.
+                for i, s in enumerate(slots):
+                    if s >= 0:
+                        st = states[s]
+                        if st == _READY:
+                            codes[i] = _HIT
+                            touch.append(ikeys[i])
+                        elif st == _FLUSHING:
+                            codes[i] = _HIT
+                        else:
+                            codes[i] = _PENDING
+                if touch:
+                    pr.policy.touch_many(touch)
+                    if self._after_hits:
+                        self._count_hits(touch, request)
+                npend = codes.count(_PENDING)
+            nhits = codes.count(_HIT)
+            if self.tiers and nhits + npend < n:
+                nretry, promoted = self._lookup_tiers(ikeys, slots, codes, request)
+                npend += promoted
+            nh = n - len(codes.lstrip(b"\x01"))
+            c = self.c
+            c["lookup_calls"] += 1
+            c["lookups"] += n
+            c["hits"] += nhits
+            c["pending"] += npend
+            c["retries"] += nretry
+            c["misses"] += n - nhits - npend - nretry
+        if self._outbox:
+            self._dispatch()
+        return LookupReport(nh, None, npend, bytes(codes))
+
+    def _count_hits(self, keys: list[BlockKey], request: RequestContext | None) -> None:
+        pr = self.primary
+        hits, persisted, index = pr.hits, pr.persisted, pr.index
+        due: list[int] = []
+        for k in keys:
+            s = index[k]
+            hits[s] += 1
+            if hits[s] >= self._after_hits and not persisted[s]:
+                persisted[s] = 1
+                due.append(s)
+        if due:
+            dkeys = pr.keys_of(due)
+            for t in range(len(self.tiers)):
+                self.jobs.submit_store(t, dkeys, due, request)
+
+    def _lookup_tiers(
+        self,
+        ikeys: list[BlockKey],
+        slots: list[int],
+        codes: bytearray,
+        request: RequestContext | None,
+    ) -> tuple[int, int]:
+        """Ask the tiers, in order, about keys not in the primary; returns (retries, promoted)."""
+        remaining = [i for i, s in enumerate(slots) if s < 0]
+        # Primary hits of this very call must survive the evictions promotions may cause.
+        held = [s for i, s in enumerate(slots) if codes[i] == _HIT]
+        self.primary.pin(held)
+        promoted_n = 0
+        try:
+            for t, tier in enumerate(self.tiers):
+                if not remaining:
+                    break
+                ks = [ikeys[i] for i in remaining]
+                try:
+                    answers = tier.lookup_many(ks, request)
+                except Exception as exc:
+                    self.jobs.tier_error(t, "lookup", exc)
+                    continue
+                found: list[int] = []
+                rest: list[int] = []
+                for i, a in zip(remaining, answers, strict=True):
+                    if a is LookupResult.HIT:
+                        found.append(i)
+                    else:
+                        if a is LookupResult.RETRY:
+                            codes[i] = _RETRY
+                        rest.append(i)
+                if found:
+                    promoted = self.jobs.promote(t, [ikeys[i] for i in found], request)
+                    for i, ok in zip(found, promoted, strict=True):
+                        if ok:
+                            codes[i] = _PENDING
+                            promoted_n += 1
+                        else:
+                            rest.append(i)
+                remaining = rest
+        finally:
+            self.primary.unpin(held)
+        return sum(1 for i in remaining if codes[i] == _RETRY), promoted_n
+
+    # -- store -------------------------------------------------------------------------------
+    def prepare_store(
+        self,
+        keys: Sequence[BlockKey],
+        request: RequestContext | None = None,
+        infos: Sequence[BlockInfo | None] | None = None,
+    ) -> StoreHandle:
+        """Reserve WRITING slots for the keys not resident yet (evicting as the policy says).
+
+        Keys that find no slot (every other slot pinned or being written) are dropped and counted.
+        Write the bytes into ``primary_kv_view[slot_ids[i]]``, then call :meth:`complete_store`.
+        """
+        ikeys = self._scope(keys, request)
+        with self._lock:
+            self._check_open()
+            pl, slots, dropped = self._reserve(ikeys)
+            internal = [ikeys[p] for p in pl]
+            user = internal if ikeys is keys else [keys[p] for p in pl]
+            if infos is not None:
+                sel: Sequence[BlockInfo | None] | None = [infos[p] for p in pl]
+            elif request is not None and request.tenant is not None:
+                sel = [BlockInfo(tenant=request.tenant)] * len(pl)
+            else:
+                sel = None
+            if dropped:
+                self.c["dropped_stores"] += dropped
+                index = self.primary.index
+                self._emit("dropped", [k for k in ikeys if k not in index])
+            token = self._next_token()
+        if self._outbox:
+            self._dispatch()
+        return StoreHandle(user, np.array(slots, dtype=np.int32), pl, request, internal, sel, token)
+
+    def complete_store(self, handle: StoreHandle, success: bool = True) -> None:
+        """Make the slots READY (or free them when ``success`` is false); then the write policy runs."""
+        with self._lock:
+            self._check_open()
+            self._close_token(handle.token, "complete_store")
+            keys, slots = handle.internal_keys, handle.slot_ids
+            if not success:
+                self.primary.abort(keys, slots)
+            elif len(slots):
+                self.primary.commit(keys, slots, handle.infos)
+                self.c["stores"] += len(slots)
+                self._emit("stored", keys)
+                if self._write_through:
+                    sl = slots.tolist()
+                    persisted = self.primary.persisted
+                    for x in sl:
+                        persisted[x] = 1
+                    for t in range(len(self.tiers)):
+                        self.jobs.submit_store(t, keys, sl, handle.request)
+        if self._outbox:
+            self._dispatch()
+
+    # -- load --------------------------------------------------------------------------------
+    def prepare_load(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LoadHandle:
+        """Pin the slots of ``keys`` for reading. Raises :class:`MisuseError` if a key is not HIT."""
+        ikeys = self._scope(keys, request)
+        with self._lock:
+            self._check_open()
+            pr = self.primary
+            slots = pr.find(ikeys)
+            bad = [i for i, x in enumerate(slots) if not pr.readable(x)]
+            if bad:
+                i = bad[0]
+                raise MisuseError(
+                    f"prepare_load: key #{i} is not readable in the primary tier (lookup said HIT? it may "
+                    "have been evicted since; load only what lookup reports as leading hits)"
+                )
+            pr.pin(slots)
+            token = self._next_token()
+        return LoadHandle(list(keys), np.array(slots, dtype=np.int32), request, token)
+
+    def complete_load(self, handle: LoadHandle) -> None:
+        """Unpin the slots of ``handle`` (reading is finished)."""
+        with self._lock:
+            self._check_open()
+            self._close_token(handle.token, "complete_load")
+            self.c["loads"] += len(handle.slot_ids)
+            freed = self.primary.unpin(handle.slot_ids)
+            if freed:
+                self._emit("evicted", freed)
+        if self._outbox:
+            self._dispatch()
+
+    def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
+        """Pin the longest leading run of readable keys (never raises for misses)."""
+        ikeys = self._scope(keys, request)
+        with self._lock:
+            self._check_open()
+            pr = self.primary
+            slots = pr.find(ikeys)
+            m = 0
+            while m < len(slots) and pr.readable(slots[m]):
+                m += 1
+            slots = slots[:m]
+            pr.pin(slots)
+            token = self._next_token()
+        return LoadHandle(list(keys[:m]), np.array(slots, dtype=np.int32), request, token)
+
+    # -- convenience movers (real bytes) -----------------------------------------------------
+    def _needs_bytes(self) -> bool:
+        return self.primary.backing != "none"
+
+    def store_blocks(
+        self,
+        keys: Sequence[BlockKey],
+        data: Any,
+        request: RequestContext | None = None,
+        infos: Sequence[BlockInfo | None] | None = None,
+    ) -> int:
+        """Store ``data[i]`` (an ``(n, block_bytes)`` uint8 array or per-block buffers) under ``keys[i]``.
+
+        Returns the number of blocks written (resident keys are skipped).
+        """
+        h = self.prepare_store(keys, request, infos)
+        if not h.keys:
+            self.complete_store(h)
+            return 0
+        try:
+            if self._needs_bytes():
+                n = copy_rows_in(
+                    self.primary.rows, h.slot_ids, data, h.positions, self.block_bytes, len(keys)
+                )
+                self.c["bytes_stored"] += n
+        except BaseException:
+            self.complete_store(h, success=False)
+            raise
+        self.complete_store(h)
+        return len(h.keys)
+
+    def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
+        """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
+        h = self._pin_leading(keys, request)
+        try:
+            if self._needs_bytes() and len(h.slot_ids):
+                dst = out if isinstance(out, np.ndarray) else np.asarray(out)
+                if dst.dtype != np.uint8 or dst.ndim != 2:
+                    dst = dst.reshape(len(keys), -1).view(np.uint8)
+                n = copy_rows_out(
+                    self.primary.rows, h.slot_ids, dst, range(len(h.slot_ids)), self.block_bytes
+                )
+                self.c["bytes_loaded"] += n
+        finally:
+            self.complete_load(h)
+        return len(h.slot_ids)
+
+    def store_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int:
+        """Gather blocks ``block_ids[i]`` of an engine's KV cache into the primary tier as ``keys[i]``."""
+        if len(block_ids) != len(keys):
+            raise MisuseError(f"store_kv: {len(keys)} keys but {len(block_ids)} block ids")
+        layout.check(block_ids, self.block_bytes)
+        h = self.prepare_store(keys, request)
+        try:
+            if self._needs_bytes() and len(h.slot_ids):
+                bids = [block_ids[p] for p in h.positions]
+                self.c["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slot_ids)
+        except BaseException:
+            self.complete_store(h, success=False)
+            raise
+        self.complete_store(h)
+        return len(h.keys)
+
+    def load_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int:
+        """Scatter the leading readable blocks of ``keys`` into blocks ``block_ids[i]``; returns count."""
+        if len(block_ids) != len(keys):
+            raise MisuseError(f"load_kv: {len(keys)} keys but {len(block_ids)} block ids")
+        layout.check(block_ids, self.block_bytes)
+        h = self._pin_leading(keys, request)
+        try:
+            if self._needs_bytes() and len(h.slot_ids):
+                bids = list(block_ids[: len(h.slot_ids)])
+                self.c["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slot_ids)
+        finally:
+            self.complete_load(h)
+        return len(h.slot_ids)
+
+    # -- asynchronous movers (transfer pool) -------------------------------------------------
+    def _transfer_pool(self) -> TransferPool:
+        with self._lock:
+            self._check_open()
+            if self._pool is None:
+                self._pool = TransferPool(2, self.config.max_inflight_jobs, ids=self._ids)
+            return self._pool
+
+    def submit_store_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int | None:
+        """:meth:`store_kv` on a worker thread. Returns a job id (see :meth:`poll_transfers`), or
+        ``None`` when ``max_inflight_jobs`` transfers are already pending (try again later)."""
+        pool = self._transfer_pool()
+        if len(block_ids) != len(keys):
+            raise MisuseError(f"submit_store_kv: {len(keys)} keys but {len(block_ids)} block ids")
+        keys = list(keys)
+
+        def run() -> list[BlockKey]:
+            self.store_kv(keys, layout, block_ids, request)
+            return keys
+
+        return pool.submit(run, kind=STORE, keys=keys, nbytes=len(keys) * layout.block_bytes)
+
+    def submit_load_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int | None:
+        """:meth:`load_kv` on a worker thread, ahead of queued stores. The job's ``successful_keys``
+        lists the keys loaded (partial success when only a leading run was readable)."""
+        pool = self._transfer_pool()
+        keys = list(keys)
+
+        def run() -> list[BlockKey]:
+            n = self.load_kv(keys, layout, block_ids, request)
+            return keys[:n]
+
+        return pool.submit(run, kind=LOAD, keys=keys, nbytes=len(keys) * layout.block_bytes)
+
+    def poll_transfers(self) -> list[Any]:
+        """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""
+        pool = self._pool
+        return pool.poll() if pool is not None else []
+
+    # -- jobs, lifecycle ---------------------------------------------------------------------
+    @property
+    def inflight_jobs(self) -> int:
+        """Tier jobs submitted and not yet finished (plus store jobs waiting for budget)."""
+        with self._lock:
+            return self.jobs.inflight + len(self.jobs.deferred)
+
+    def poll(self) -> list[EngineEvent]:
+        """Collect finished tier jobs: promotions become READY, store jobs unpin. Returns new events."""
+        with self._lock:
+            self._check_open()
+            mark = len(self._events)
+            self.jobs.poll_locked()
+            new = list(self._events)[mark:] if len(self._events) > mark else []
+        if self._outbox:
+            self._dispatch()
+        return new
+
+    def drain(self) -> None:
+        """Block until no tier I/O (and no ``submit_*_kv`` copy) touches the primary buffer."""
+        if self._pool is not None:
+            self._pool.drain()
+        with self._lock:
+            self._check_open()
+            self.jobs.drain_locked()
+        if self._outbox:
+            self._dispatch()
+
+    def flush(self) -> int:
+        """Write every READY block not yet in the secondary tiers to them (write-back/after-hits).
+
+        Returns the number of blocks submitted. Does not wait; :meth:`drain` does.
+        """
+        with self._lock:
+            self._check_open()
+            if not self.tiers:
+                return 0
+            pr = self.primary
+            due = pr.dirty_ready()
+            if due:
+                keys = pr.keys_of(due)
+                for x in due:
+                    pr.persisted[x] = 1
+                for t in range(len(self.tiers)):
+                    self.jobs.submit_store(t, keys, due, None)
+        return len(due)
+
+    def reset(self) -> None:
+        """Drop every unpinned READY block. Pinned, WRITING and FLUSHING blocks are kept."""
+        with self._lock:
+            self._check_open()
+            dropped = self.primary.drop_unpinned()
+            self.c["resets"] += 1
+            self.c["evictions"] += len(dropped)
+            self._emit("reset", dropped)
+        if self._outbox:
+            self._dispatch()
+
+    def close(self) -> None:
+        """Flush (write-back), drain, shut the tiers down and release the buffer. Idempotent."""
+        if self._closed:
+            return
+        if self._write_back:
+            self.flush()
+        self.drain()
+        with self._lock:
+            self._closed = True
+            for t, tier in enumerate(self.tiers):
+                try:
+                    tier.shutdown()
+                except Exception as exc:
+                    self.jobs.tier_error(t, "shutdown", exc)
+        if self._pool is not None:
+            self._pool.shutdown()
+        self.primary.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- observability -----------------------------------------------------------------------
+    def events(self) -> list[EngineEvent]:
+        """Events since the last call (the queue keeps the newest 65,536)."""
+        with self._lock:
+            out = list(self._events)
+            self._events.clear()
+        return out
+
+    def subscribe(self, callback: Callable[[EngineEvent], None]) -> None:
+        """Call ``callback(event)`` for every future event, outside the engine's lock."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``primary`` slot counts, per-tier stats by name, and engine counters."""
+        with self._lock:
+            out: dict[str, Any] = dict(self.c)
+            out["primary"] = self.primary.counts()
+            out["primary"]["backing"] = self.primary.backing
+            tiers: dict[str, Any] = {}
+            for t, tier in enumerate(self.tiers):
+                try:
+                    tiers[tier.name] = tier.get_stats()
+                except Exception as exc:
+                    self.jobs.tier_error(t, "get_stats", exc)
+            out["tiers"] = tiers
+            out.update(self.jobs.counters())
+            return out

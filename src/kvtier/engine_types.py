@@ -1,0 +1,155 @@
+"""Values the :class:`kvtier.engine.Engine` API takes and returns.
+
+These sit on the per-request hot path (the simulator makes hundreds of thousands of calls per
+second), so the ones created per call are ``__slots__`` classes or named tuples with plain
+``__init__`` (a frozen dataclass's ``__init__`` costs several times more). Treat them as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.keys import BlockKey, LookupResult
+
+__all__ = ["EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
+
+_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """Who is asking. ``tenant`` scopes every key of the request (see ``docs/engine.md``)."""
+
+    request_id: str = ""
+    tenant: str | None = None
+
+
+class LookupReport:
+    """Answer of :meth:`Engine.lookup`.
+
+    Attributes:
+        num_hits: number of *leading* keys that are HIT in the primary tier (loadable now).
+        results: one :class:`LookupResult` per key, in key order (built on first access).
+        pending: number of keys answered ``HIT_PENDING``.
+        codes: the results as bytes, one per key (0 MISS, 1 HIT, 2 HIT_PENDING, 3 RETRY), for callers
+            that count outcomes fast (``codes.count(1)``, ``numpy.frombuffer(codes, numpy.int8)``).
+    """
+
+    __slots__ = ("_results", "codes", "num_hits", "pending")
+
+    MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
+
+    def __init__(
+        self,
+        num_hits: int,
+        results: list[LookupResult] | None = None,
+        pending: int = 0,
+        codes: bytes | None = None,
+    ) -> None:
+        self.num_hits = num_hits
+        self.pending = pending
+        self._results = results
+        if codes is None:
+            codes = bytes(_RESULTS.index(r) for r in (results or ()))
+        self.codes = codes
+
+    @property
+    def results(self) -> list[LookupResult]:
+        if self._results is None:
+            self._results = [_RESULTS[c] for c in self.codes]
+        return self._results
+
+    @property
+    def hits(self) -> int:
+        """Keys answered HIT anywhere in the list (not only the leading run)."""
+        return self.codes.count(1)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __repr__(self) -> str:
+        return f"LookupReport(num_hits={self.num_hits}, pending={self.pending}, codes={self.codes!r})"
+
+
+class StoreHandle:
+    """Slots reserved by :meth:`Engine.prepare_store`; hand it back to :meth:`Engine.complete_store`.
+
+    Attributes:
+        keys: accepted keys (already resident and duplicate keys are skipped; keys that found no
+            slot because everything else is pinned are dropped).
+        slot_ids: primary slot of ``keys[i]`` (``int32``), state WRITING until completion.
+        positions: index of ``keys[i]`` in the key list given to ``prepare_store`` (to pick the data).
+        request: the request context given to ``prepare_store``.
+        internal_keys: the keys as the engine stores them (tenant-scoped); same as ``keys`` without a
+            tenant.
+    """
+
+    __slots__ = ("infos", "internal_keys", "keys", "positions", "request", "slot_ids", "token")
+
+    def __init__(
+        self,
+        keys: list[BlockKey],
+        slot_ids: npt.NDArray[np.int32],
+        positions: list[int] | None = None,
+        request: RequestContext | None = None,
+        internal_keys: list[BlockKey] | None = None,
+        infos: Any = None,
+        token: int = 0,
+    ) -> None:
+        self.keys = keys
+        self.slot_ids = slot_ids
+        self.positions = positions if positions is not None else list(range(len(keys)))
+        self.request = request
+        self.internal_keys = internal_keys if internal_keys is not None else keys
+        self.infos = infos
+        self.token = token
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"StoreHandle({len(self.keys)} keys, slots={self.slot_ids.tolist()})"
+
+
+class LoadHandle:
+    """Pinned READY slots from :meth:`Engine.prepare_load`; release with :meth:`Engine.complete_load`."""
+
+    __slots__ = ("keys", "request", "slot_ids", "token")
+
+    def __init__(
+        self,
+        keys: list[BlockKey],
+        slot_ids: npt.NDArray[np.int32],
+        request: RequestContext | None = None,
+        token: int = 0,
+    ) -> None:
+        self.keys = keys
+        self.slot_ids = slot_ids
+        self.request = request
+        self.token = token
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"LoadHandle({len(self.keys)} keys, slots={self.slot_ids.tolist()})"
+
+
+class EngineEvent(NamedTuple):
+    """Something that happened to blocks, for metrics and logs.
+
+    ``kind`` is one of ``"stored"`` (a block became READY in the primary tier, ``tier`` None, or a
+    store job into ``tier`` finished), ``"evicted"`` (dropped from the primary tier), ``"promoted"``
+    (copied from ``tier`` into the primary tier), ``"promotion_failed"``, ``"store_failed"``,
+    ``"dropped"`` (a store found no slot), ``"reset"`` (keys dropped by :meth:`Engine.reset`).
+    ``keys`` are engine-internal keys (tenant-scoped when the request had a tenant).
+    """
+
+    kind: str
+    keys: tuple[BlockKey, ...]
+    tier: str | None = None
+    time: float = 0.0
