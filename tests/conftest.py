@@ -9,11 +9,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
+# When a property test fails, Hypothesis' pytest plugin imports its patch writer (libcst), which
+# emits a DeprecationWarning from mypy_extensions; with warnings as errors that turned every
+# falsified example into an INTERNALERROR hiding the failure. Import it once, quietly, up front.
+with warnings.catch_warnings(), contextlib.suppress(Exception):
+    warnings.simplefilter("ignore")
+    import hypothesis.extra._patching  # noqa: F401
 
 settings.register_profile("kvtier", deadline=None, max_examples=100)
 settings.register_profile("thorough", deadline=None, max_examples=1000)

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,8 @@ def parse_size(value: Any, key_path: str) -> int:
         if m:
             unit = (m.group(2) or "").upper()
             if unit in _UNITS:
-                return int(float(m.group(1)) * _UNITS[unit])
+                # Decimal, not float: "9007199254740993" must not round to a neighbouring integer.
+                return int(Decimal(m.group(1)) * _UNITS[unit])
     raise ConfigError(
         key_path, f"expected a size such as 8GiB, 512MB or an integer byte count, got {value!r}"
     )

@@ -111,6 +111,11 @@ class PluginInfo:
         return {"kind": self.kind, "name": self.name, "source": self.source, "target": self.target}
 
 
+def _is_own(ep: importlib.metadata.EntryPoint) -> bool:
+    """Whether an entry point is declared by kvtier's own distribution."""
+    return ep.dist is not None and ep.dist.name == "kvtier"
+
+
 def _is_dotted_name(module: str) -> bool:
     parts = module.split(".")
     return all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
@@ -254,7 +259,9 @@ class Registry(Generic[T]):
             rows.append(PluginInfo(self.kind, name, REGISTERED, _target_of(registered[name])))
         for name, ep in sorted(self.entry_points().items()):
             if name not in builtins and name not in registered:
-                rows.append(PluginInfo(self.kind, name, ENTRY_POINT, ep.value))
+                # kvtier's own entry points are built-ins even if the table above lacks them.
+                source = BUILTIN if _is_own(ep) else ENTRY_POINT
+                rows.append(PluginInfo(self.kind, name, source, ep.value))
         return rows
 
     # -- resolution --------------------------------------------------------------------------
@@ -294,7 +301,7 @@ class Registry(Generic[T]):
                     "kvtier: %s %r is a built-in; %s=%r is ignored (rename the plug-in to load it)",
                     self.kind, name, module_key, module_path,
                 )  # fmt: skip
-            cls = self._import_target(name, builtin, name_key, trusted=True)
+            cls = self._import_target(name, builtin, name_key)
             with self._lock:
                 self._resolved[name] = cls
             return cls
@@ -305,9 +312,8 @@ class Registry(Generic[T]):
                     "kvtier: %s %r is an installed entry point (%s); %s=%r is ignored",
                     self.kind, name, ep.value, module_key, module_path,
                 )  # fmt: skip
-            own = ep.dist is not None and ep.dist.name == "kvtier"
-            cls = self._import_target(name, ep.value, name_key, trusted=True)
-            if not own:
+            cls = self._import_target(name, ep.value, name_key)
+            if not _is_own(ep):
                 _announce(self.kind, name, cls.__module__, ENTRY_POINT)
             return cls
         if module_path:
@@ -352,11 +358,11 @@ class Registry(Generic[T]):
                 kind=self.kind,
                 name=name,
             )
-        cls = self._import_target(name, f"{module}:{attr}", key, trusted=False)
+        cls = self._import_target(name, f"{module}:{attr}", key)
         _announce(self.kind, name, module, MODULE_PATH)
         return cls
 
-    def _import_target(self, name: str, target: str, key: str, *, trusted: bool) -> type[T]:
+    def _import_target(self, name: str, target: str, key: str) -> type[T]:
         module, attr = _split_target(target)
         try:
             mod = importlib.import_module(module)

@@ -594,3 +594,13 @@ def test_resolution_order_registry_before_entry_point_before_module_path(
     plugins.TIERS.unregister("dup")
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(site)])
     assert type(plugins.create_tier(options, primary_kv_view=view)).__name__ == "dup"
+
+
+def test_kvtier_own_entry_points_are_builtins() -> None:
+    """kvtier declares its built-ins as entry points too; they never show up as third-party ones."""
+    own = [
+        ep for ep in plugins.TIERS.entry_points().values() if ep.dist is not None and ep.dist.name == "kvtier"
+    ]
+    assert {ep.name for ep in own} >= {"example"}
+    rows = plugins.list_plugins()
+    assert not [r for r in rows if r.source == plugins.ENTRY_POINT and r.target.startswith("kvtier.")]
