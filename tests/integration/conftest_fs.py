@@ -103,6 +103,11 @@ def _writer(args: dict[str, Any]) -> None:
         stored += [k.hex() for k in res.transferred(keys)]
         i += batch
         print(f"batch {i}", flush=True)
+    if "barrier" in args:  # wait until every writer finished storing, then sync with the others
+        Path(args["barrier"], prefix).touch()
+        while len(os.listdir(args["barrier"])) < args["writers"]:
+            time.sleep(0.01)
+        tier.refresh()
     index = sorted(k.hex() for k in tier.indexed_keys())
     tier.shutdown()
     out = {"stored": stored, "index": index, "evictions": tier.stats.evictions}

@@ -42,9 +42,10 @@ from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
-from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout, ScanShard, probe_direct_io
+from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout, probe_direct_io
 from kvtier.tiers.fs_policy import make_policy
 from kvtier.tiers.fs_pool import PRIO_LOAD, PRIO_STORE, IoPool, RateLimitedLog
+from kvtier.tiers.fs_scan import IndexSync
 
 __all__ = ["FsTier"]
 
@@ -64,7 +65,7 @@ class _Job:
     t0: float = field(default_factory=time.perf_counter)
 
 
-class FsTier(SecondaryTier):
+class FsTier(IndexSync, SecondaryTier):
     """KV blocks as files under ``root_dir/<namespace>/``.
 
     Options (config keys of the ``secondary_tiers`` entry):
@@ -80,6 +81,7 @@ class FsTier(SecondaryTier):
         full_backoff: seconds stores are dropped after ``ENOSPC``.
         record_access: refresh a file's mtime when it is loaded (restart keeps the access order).
         log_interval: seconds between two log lines of the same kind.
+        refresh_interval: seconds between two checks for other processes' stores and evictions.
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -104,6 +106,7 @@ class FsTier(SecondaryTier):
         full_backoff: float = 1.0,
         record_access: bool = True,
         log_interval: float = 10.0,
+        refresh_interval: float = 0.5,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
         kp = f"{context.name}"
@@ -133,6 +136,7 @@ class FsTier(SecondaryTier):
         self.batch_blocks = batch_blocks
         self.full_backoff = float(full_backoff)
         self.record_access = bool(record_access)
+        self.refresh_interval = float(refresh_interval)
         self._rlog = RateLimitedLog(log, log_interval)
         self._token = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._acct = SharedAccounting(self.layout.ns_dir, self._token, fsync=self.fsync)
@@ -178,9 +182,12 @@ class FsTier(SecondaryTier):
         self.scan_files = 0
         self.scan_seconds = 0.0
         self._pool = IoPool(threads, context.name, log)
-        self._scan_stop = False
+        self._rescan_wanted = False
+        self._wake = threading.Event()
+        self._acct.on_events = self._apply_events
+        self._acct.on_epoch_change = self._on_epoch_change
         self._scan_thread = threading.Thread(
-            target=self._scan, name=f"kvtier-fs-scan-{context.name}", daemon=True
+            target=self._maintain, name=f"kvtier-fs-index-{context.name}", daemon=True
         )
         self._scan_thread.start()
 
@@ -203,8 +210,15 @@ class FsTier(SecondaryTier):
 
     def wait_scan(self, timeout: float | None = None) -> bool:
         """Block until the start-up scan finished (tests, tools)."""
-        self._scan_thread.join(timeout)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while not self._scan_done and time.monotonic() < deadline:
+            time.sleep(0.002)
         return self._scan_done
+
+    def refresh(self) -> None:
+        """Apply other processes' stores and evictions now (normally done every refresh_interval)."""
+        with self._acct.section():
+            pass
 
     # -- job submission (engine thread; never blocks on I/O) ----------------------------------
     def _chunks(self, items: list[tuple[BlockKey, int]]) -> list[list[tuple[BlockKey, int]]]:
@@ -397,6 +411,7 @@ class FsTier(SecondaryTier):
                 self._forget_locked(v)
             self.stats.evictions += len(victims)
         removed = self._acct.unlink_files(st, paths)
+        self._acct.log_events(st, [(b"-", bytes(v)) for v in victims])
         return freed + sum(s for _, s in removed)
 
     def _forget_locked(self, key: BlockKey) -> None:
@@ -445,7 +460,10 @@ class FsTier(SecondaryTier):
         for _, _, final, _ in written:
             d = os.path.dirname(final)
             if d not in self._dirs_made:
-                os.makedirs(d, mode=0o700, exist_ok=True)
+                # Both shard levels 0700 (os.makedirs applies its mode to the leaf only).
+                for level in (os.path.dirname(d), d):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(level, 0o700)
                 self._dirs_made.add(d)
         ok: list[BlockKey] = []
         now = time.time()
@@ -460,6 +478,7 @@ class FsTier(SecondaryTier):
                     if key in self._index:
                         continue
                     self._insert_locked(st, key, size, now)
+            self._acct.log_events(st, [(b"+", bytes(k)) for k in ok])
         if self.fsync:
             for d in {os.path.dirname(f) for _, _, f, _ in written}:
                 _fsync_dir(d)
@@ -472,6 +491,7 @@ class FsTier(SecondaryTier):
                 self._index.pop(v, None)
                 self._access.pop(v, None)
                 self._acct.unlink_files(st, [self.layout.path_of(v)])
+                self._acct.log_events(st, [(b"-", bytes(v))])
                 self.stats.evictions += 1  # tier lock held by the caller
         if len(self._policy) < self._policy.capacity:
             self._policy.insert(key)
@@ -558,82 +578,9 @@ class FsTier(SecondaryTier):
         try:
             with self._acct.section() as st:
                 self._acct.unlink_files(st, [path])
+                self._acct.log_events(st, [(b"-", bytes(key))])
         except OSError as exc:
             self._rlog.warning("acct", f"kvtier fs {self.name}: cannot remove {path}: {exc}")
-
-    # -- warm restart ------------------------------------------------------------------------
-    def _scan(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            with self._acct.section() as st:
-                self._acct.remove_stale_temp_files(st)
-            self._remove_strays_at_top()
-            for shard in self.layout.scan():
-                if self._scan_stop:
-                    return
-                self._absorb(shard)
-                self._top_done[shard.top] = 1
-            self._finish_scan()
-        except Exception:  # the scan must never take the tier down; lookups then answer MISS
-            log.exception("kvtier fs %s: start-up scan failed; serving what is indexed", self.name)
-        finally:
-            self.scan_seconds = time.perf_counter() - t0
-            self._scan_done = True
-
-    def _remove_strays_at_top(self) -> None:
-        known = {"config.json", "accounting.json", "procs", "tmp"}
-        bad: list[str] = []
-        with os.scandir(self.layout.ns_dir) as it:
-            for e in it:
-                if e.name in known or (len(e.name) == 2 and e.is_dir(follow_symlinks=False)):
-                    continue
-                if e.is_file(follow_symlinks=False) or e.is_symlink():
-                    bad.append(e.path)
-        self._remove_bad([(p, "stray") for p in bad])
-
-    def _remove_bad(self, bad: list[tuple[str, str]]) -> None:
-        files = [p for p, _ in bad if not os.path.isdir(p) or os.path.islink(p)]
-        for p, reason in bad:
-            if p not in files:
-                self._rlog.warning("stray", f"kvtier fs {self.name}: ignoring unexpected directory {p}")
-            else:
-                self._rlog.warning("corrupt", f"kvtier fs {self.name}: removed {p} ({reason})")
-        if not files:
-            return
-        with self._lock:
-            self.stats.corrupt += len(files)
-        with self._acct.section() as st:
-            self._acct.unlink_files(st, files)
-
-    def _absorb(self, shard: ScanShard) -> None:
-        self.scan_files += len(shard.entries) + len(shard.bad)
-        if shard.bad:
-            self._remove_bad(shard.bad)
-        if not shard.entries:
-            return
-        shard.entries.sort(key=lambda e: e.mtime)
-        with self._acct.section() as st, self._lock:
-            for e in shard.entries:
-                key = BlockKey(e.key)
-                if key in self._index or key in self._tombstones:
-                    continue
-                self._insert_locked(st, key, e.size, e.mtime)
-
-    def _finish_scan(self) -> None:
-        with self._acct.section() as st, self._lock:
-            if self._acct.alone(st) or self._acct.lost_state:
-                # Nobody else wrote while we scanned: the index is the tree. Repair the totals.
-                st.published = sum(self._index.values())
-            # Re-order the policy by access time across shards (the scan inserted shard by shard).
-            fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options, "")
-            for k in sorted(self._index, key=lambda k: self._access.get(k, 0.0)):
-                fresh.insert(k)
-            self._policy = fresh
-            self._tombstones.clear()
-            over = st.usage - self.max_bytes if self.max_bytes is not None else 0
-        if over > 0:  # max_bytes was lowered since the last run
-            with self._acct.section() as st:
-                self._make_room(st, over)
 
     # -- introspection -----------------------------------------------------------------------
     def usage(self, recover: bool = True) -> AccountingState:
@@ -668,7 +615,7 @@ class FsTier(SecondaryTier):
         if self._closed:
             return
         self._closed = True
-        self._scan_stop = True
+        self._wake.set()
         self._pool.wait_idle()
         self._pool.stop()
         self._scan_thread.join(timeout=30)

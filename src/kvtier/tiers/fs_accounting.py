@@ -26,14 +26,21 @@ import errno
 import fcntl
 import json
 import os
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import xxhash
 
 __all__ = ["AccountingState", "SharedAccounting"]
 
 ACCOUNTING_FILE = "accounting.json"
+EVENTS_FILE = "events.log"
+#: The event log is cut back to empty past this size; readers then rescan the tree.
+EVENTS_MAX = 32 << 20
+_EVT = struct.Struct("<cQH")  # op (b"+" stored, b"-" removed), writer id, key length; then the key
 PROCS_DIR = "procs"
 TMP_DIR = "tmp"
 
@@ -49,6 +56,7 @@ class AccountingState:
     published: int = 0
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
     gen: int = 0
+    epoch: int = 0  # bumped each time the event log is cut back
 
     @property
     def reserved(self) -> int:
@@ -59,7 +67,8 @@ class AccountingState:
         return self.published + self.reserved
 
     def to_bytes(self) -> bytes:
-        doc = {"version": 1, "published": self.published, "gen": self.gen, "procs": self.procs}
+        doc = {"version": 1, "published": self.published, "gen": self.gen, "epoch": self.epoch,
+               "procs": self.procs}  # fmt: skip
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -68,7 +77,12 @@ class AccountingState:
             return None
         try:
             doc = json.loads(data)
-            return cls(published=int(doc["published"]), procs=dict(doc["procs"]), gen=int(doc.get("gen", 0)))
+            return cls(
+                published=int(doc["published"]),
+                procs=dict(doc["procs"]),
+                gen=int(doc.get("gen", 0)),
+                epoch=int(doc.get("epoch", 0)),
+            )
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -90,6 +104,15 @@ class SharedAccounting:
         for d in (self.tmp_dir, self.procs_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
         self._tlock = threading.RLock()
+        # Shared event log: every process appends "+key"/"-key" inside its sections and reads the
+        # others' records at the start of each section, so indexes follow each other's stores and
+        # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
+        self._ev_fd = os.open(os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self._ev_off = -1
+        self._epoch = 0
+        self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
+        self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
+        self.on_epoch_change: Callable[[], None] | None = None
         self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         # Our liveness marker: held LOCK_EX for our whole life; the kernel drops it when we die.
         self._proc_path = os.path.join(self.procs_dir, token)
@@ -111,6 +134,7 @@ class SharedAccounting:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 st = self._read()
+                self._tail(st)
                 yield st
                 self._write(st)
             finally:
@@ -135,6 +159,48 @@ class SharedAccounting:
         os.pwrite(self._fd, data, 0)
         if self.fsync:
             os.fsync(self._fd)
+
+    def _tail(self, st: AccountingState) -> None:
+        size = os.fstat(self._ev_fd).st_size
+        if self._ev_off < 0:
+            self._ev_off, self._epoch = size, st.epoch
+            return
+        if st.epoch != self._epoch or size < self._ev_off:
+            self._epoch, self._ev_off = st.epoch, 0
+            if self.on_epoch_change is not None:
+                self.on_epoch_change()
+        if size <= self._ev_off:
+            return
+        data = os.pread(self._ev_fd, size - self._ev_off, self._ev_off)
+        events: list[tuple[bytes, bytes]] = []
+        pos = 0
+        while pos + _EVT.size <= len(data):
+            op, writer, klen = _EVT.unpack_from(data, pos)
+            end = pos + _EVT.size + klen
+            if end > len(data):
+                break
+            if writer != self._writer_id:
+                events.append((op, data[pos + _EVT.size : end]))
+            pos = end
+        self._ev_off += pos
+        if events and self.on_events is not None:
+            self.on_events(events)
+
+    def events_changed(self) -> bool:
+        """Cheap, lock-free check (one fstat) whether another process appended events."""
+        return self._ev_off >= 0 and os.fstat(self._ev_fd).st_size != self._ev_off
+
+    def log_events(self, st: AccountingState, events: list[tuple[bytes, bytes]]) -> None:
+        """Append ``(op, key)`` records (inside a section, after the tree changed)."""
+        if not events:
+            return
+        data = b"".join(_EVT.pack(op, self._writer_id, len(k)) + k for op, k in events)
+        if os.fstat(self._ev_fd).st_size + len(data) > EVENTS_MAX:
+            os.ftruncate(self._ev_fd, 0)
+            st.epoch += 1
+            self._epoch = st.epoch
+        os.write(self._ev_fd, data)
+        self._ev_off = os.fstat(self._ev_fd).st_size
 
     def write_intent(self, st: AccountingState, intent: list[list[Any]]) -> None:
         """Persist ``st`` (deltas already applied) with ``intent`` before touching the tree."""
@@ -282,7 +348,7 @@ class SharedAccounting:
         with self.section() as st:
             if recover:
                 self.recover_dead(st)
-            return AccountingState(st.published, json.loads(json.dumps(st.procs)), st.gen)
+            return AccountingState(st.published, json.loads(json.dumps(st.procs)), st.gen, st.epoch)
 
     def close(self) -> None:
         """Unregister (after the tier drained) and release the liveness lock. Idempotent."""
@@ -295,6 +361,6 @@ class SharedAccounting:
                 self._remove_temp_files(self.token)
         with contextlib.suppress(OSError):
             os.unlink(self._proc_path)
-        for fd in (self._proc_fd, self._fd):
+        for fd in (self._proc_fd, self._fd, self._ev_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -1,0 +1,134 @@
+"""Capacity: two processes storing into one root_dir never exceed max_bytes (+ one block) on disk."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvtier.keys import LookupResult
+
+
+def _helpers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("conftest_fs", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+h = _helpers()
+BLOCK = 64 * 1024
+
+
+def test_two_processes_share_one_bounded_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    primary = h.aligned_primary(4, BLOCK)
+    probe = h.make_tier(primary, root)  # creates the namespace; shut before the writers start
+    ns_dir, file_size = probe.layout.ns_dir, probe.layout.file_size(16)
+    probe.shutdown()
+    max_bytes = 24 * file_size
+    outs = [tmp_path / "w0.json", tmp_path / "w1.json"]
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [
+        subprocess.Popen(h.spawn_args("writer", {
+            "root": str(root), "block_bytes": BLOCK, "max_bytes": max_bytes, "batch": 4, "count": 120,
+            "prefix": f"w{i}", "out": str(outs[i]), "threads": 2, "barrier": str(barrier), "writers": 2,
+        }), stdout=subprocess.DEVNULL)
+        for i in range(2)
+    ]  # fmt: skip
+    peak = 0
+    samples = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak, samples
+        while not stop.is_set():
+            # Every file under the namespace that holds block bytes: blocks and temp files.
+            peak = max(peak, sum(h.tree_files(ns_dir).values()))
+            samples += 1
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        stop.set()
+        watcher.join()
+    assert samples > 10
+    assert peak <= max_bytes + file_size, (peak, max_bytes)
+
+    results = [json.loads(o.read_text()) for o in outs]
+    on_disk = {os.path.basename(p) for p in h.block_files(ns_dir)}
+    index = [set(r["index"]) for r in results]
+    assert sum(r["evictions"] for r in results) > 0  # 240 blocks into room for 24
+    # Through the shared event log each process's index follows the other's stores and
+    # evictions: after both finished, both indexes are exactly the disk.
+    assert index[0] == on_disk
+    assert index[1] == on_disk
+    for r in results:
+        evicted = set(r["stored"]) - on_disk
+        assert evicted  # each wrote far more than fits
+        assert len(r["stored"]) > 40  # neither writer was starved
+    # The shared accounting equals the bytes on disk, and a restarted tier's index is the disk.
+    tier = h.make_tier(primary, root, max_bytes=max_bytes)
+    try:
+        assert tier.wait_scan(30)
+        st = tier.usage()
+        assert st.published == sum(h.block_files(ns_dir).values()) <= max_bytes
+        assert {k.hex() for k in tier.indexed_keys()} == on_disk
+    finally:
+        tier.shutdown()
+
+
+def test_lru_eviction_order_and_warm_restart_keeps_access_order(tmp_path: Path) -> None:
+    primary = h.aligned_primary(4, BLOCK)
+    t = h.make_tier(primary, tmp_path)
+    size = t.layout.file_size(16)
+    keys = [h.key_of(f"o{i}") for i in range(4)]
+    for k in keys:
+        assert h.store(t, primary, [k]).success
+    t.shutdown()
+    # Access order on disk = mtime: make o2 the oldest and o0 the newest.
+    now = time.time()
+    for age, k in zip([10, 40, 50, 20], keys, strict=True):
+        os.utime(t.layout.path_of(k), (now - age, now - age))
+    t = h.make_tier(primary, tmp_path, max_bytes=4 * size)
+    try:
+        assert t.wait_scan(30)
+        new = h.key_of("fresh")
+        assert h.store(t, primary, [new]).success  # needs one victim: the least recently used
+        assert t.lookup(keys[2]) is LookupResult.MISS
+        assert not os.path.exists(t.layout.path_of(keys[2]))
+        assert all(t.lookup(k) is LookupResult.HIT for k in (keys[0], keys[1], keys[3], new))
+        assert t.stats.evictions == 1
+    finally:
+        t.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["lru", "sieve", "arc", "s3fifo"])
+def test_any_registered_policy_bounds_the_tier(tmp_path: Path, policy: str) -> None:
+    primary = h.aligned_primary(4, BLOCK)
+    probe = h.make_tier(primary, tmp_path)
+    size = probe.layout.file_size(16)
+    probe.shutdown()
+    t = h.make_tier(primary, tmp_path, max_bytes=6 * size, eviction_policy=policy)
+    try:
+        for i in range(0, 20, 2):
+            assert h.store(t, primary, [h.key_of(f"p{i}"), h.key_of(f"p{i + 1}")]).success
+            assert sum(h.tree_files(t.layout.ns_dir).values()) <= 6 * size
+        assert len(t.indexed_keys()) == 6
+        assert t.stats.evictions == 14
+    finally:
+        t.shutdown()

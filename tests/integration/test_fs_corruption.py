@@ -1,0 +1,139 @@
+"""Damaged, truncated, empty, foreign and random files are never served; each is counted and removed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvtier import codec
+from kvtier.errors import ConfigError
+from kvtier.keys import LookupResult
+
+
+def _helpers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("conftest_fs", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+h = _helpers()
+BLOCK = 16 * 1024
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def test_every_kind_of_damage_is_a_counted_removed_miss(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    primary = h.aligned_primary(16, BLOCK)
+    keys = [h.key_of(f"k{i}") for i in range(12)]
+    a = h.make_tier(primary, root)
+    assert h.store(a, primary, keys).success
+    a.shutdown()
+    # The same keys in another namespace, with different bytes (a different model, say).
+    b = h.make_tier(primary, root, namespace="other-model")
+    for slot in range(len(keys)):
+        primary.block(slot)[:] = 7
+    job = h.TransferJob(999, list(keys), h.np.arange(len(keys), dtype=h.np.int32))
+    b.submit_store(job)
+    assert h.wait_for_jobs(b, [999])[999].success
+    other = {k: b.layout.path_of(k) for k in keys}
+    b.shutdown()
+
+    layout = a.layout
+    path = {k: layout.path_of(k) for k in keys}
+    hdr = codec.header_size(len(keys[0]), 4096)
+    os.truncate(path[keys[0]], hdr + BLOCK // 2)  # truncated (scan sees the size)
+    os.truncate(path[keys[1]], 0)  # zero-length (scan)
+    _flip(path[keys[2]], hdr + 1234)  # payload bit flip (load: checksum)
+    _flip(path[keys[3]], 20)  # header bit flip (load: header check)
+    shutil.copyfile(other[keys[4]], path[keys[4]])  # foreign namespace, same size (load)
+    os.replace(path[keys[6]], path[keys[5]])  # another key's valid block under this name (load)
+    # Random files: a valid-looking name with random bytes of the right size, junk names in a shard
+    # and at the top of the namespace.
+    rogue = h.key_of("never-stored")
+    os.makedirs(layout.dir_of(rogue), exist_ok=True)
+    Path(layout.path_of(rogue)).write_bytes(os.urandom(hdr + BLOCK))
+    Path(os.path.dirname(path[keys[7]]), "junk.bin").write_bytes(b"hello")
+    Path(layout.ns_dir, "stray.dat").write_bytes(os.urandom(100))
+
+    tier = h.make_tier(primary, root)
+    try:
+        assert tier.wait_scan(30)
+        assert tier.stats.corrupt == 4  # truncated, zero-length, junk.bin, stray.dat
+        for k in (keys[0], keys[1]):
+            assert tier.lookup(k) is LookupResult.MISS
+            assert not os.path.exists(path[k])
+        damaged = [keys[2], keys[3], keys[4], keys[5], rogue]
+        res = h.load(tier, primary, [*damaged, keys[8]])
+        assert not res.success
+        assert res.transferred([*damaged, keys[8]]) == [keys[8]]
+        assert primary.block(5).tobytes() == h.payload_of(keys[8], BLOCK).tobytes()
+        assert tier.stats.corrupt == 9
+        for k in damaged:
+            assert not os.path.exists(layout.path_of(k)), k
+            assert tier.lookup(k) is LookupResult.MISS
+        assert not os.path.exists(os.path.join(layout.ns_dir, "stray.dat"))
+        # Untouched blocks still load exactly.
+        good = [keys[7], *keys[8:]]
+        res = h.load(tier, primary, good)
+        assert res.success
+        for slot, k in enumerate(good):
+            assert primary.block(slot).tobytes() == h.payload_of(k, BLOCK).tobytes()
+        st = tier.usage()
+        assert st.published == sum(h.block_files(layout.ns_dir).values())
+    finally:
+        tier.shutdown()
+
+
+def test_verify_never_still_checks_header_and_length(tmp_path: Path) -> None:
+    primary = h.aligned_primary(4, BLOCK)
+    k = [h.key_of("a"), h.key_of("b")]
+    t = h.make_tier(primary, tmp_path, verify="never")
+    try:
+        assert h.store(t, primary, k).success
+        _flip(t.layout.path_of(k[0]), 8)
+        os.truncate(t.layout.path_of(k[1]), 4096 + 10)
+        res = h.load(t, primary, k)
+        assert res.transferred(k) == []
+        assert t.stats.corrupt == 2
+    finally:
+        t.shutdown()
+
+
+def test_layout_mismatch_is_a_one_line_error_naming_the_file(tmp_path: Path) -> None:
+    t = h.make_tier(h.aligned_primary(2, BLOCK), tmp_path)
+    t.shutdown()
+    with pytest.raises(ConfigError) as exc:
+        h.make_tier(h.aligned_primary(2, 2 * BLOCK), tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "config.json" in msg and "block_bytes" in msg and "root_dir" in msg
+
+
+def test_files_and_directories_are_private(tmp_path: Path) -> None:
+    primary = h.aligned_primary(2, BLOCK)
+    t = h.make_tier(primary, tmp_path)
+    try:
+        k = h.key_of("private")
+        assert h.store(t, primary, [k]).success
+        p = Path(t.layout.path_of(k))
+        assert p.stat().st_mode & 0o777 == 0o600
+        for d in (p.parent, p.parent.parent, Path(t.layout.ns_dir)):
+            assert d.stat().st_mode & 0o077 == 0, d
+    finally:
+        t.shutdown()
