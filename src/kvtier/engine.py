@@ -238,10 +238,10 @@ class Engine:
             # Write-back victims free their slots only when the flush ends; fast tiers are done
             # already, so collect their results and try the dropped keys once more.
             self.jobs.poll_locked()
-            pos2, slots2, evicted, fk, fs, dropped = pr.reserve(ikeys, flush_dirty=True)
-            self._after_evict(evicted, fk, fs)
-            pos = pos + pos2
-            slots = slots + slots2
+            if pr.num_free:
+                pos2, slots2, _, _, _, dropped = pr.reserve(ikeys, evict=False)
+                pos = pos + pos2
+                slots = slots + slots2
         return pos, slots, dropped
 
     # -- lookup ------------------------------------------------------------------------------

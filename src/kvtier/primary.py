@@ -168,7 +168,7 @@ class PrimaryTier:
 
     # -- allocation --------------------------------------------------------------------------
     def reserve(
-        self, keys: Sequence[BlockKey], *, flush_dirty: bool = False
+        self, keys: Sequence[BlockKey], *, flush_dirty: bool = False, evict: bool = True
     ) -> tuple[list[int], list[int], list[BlockKey], list[BlockKey], list[int], int]:
         """Reserve WRITING slots for the keys not resident yet, evicting READY blocks if needed.
 
@@ -177,7 +177,8 @@ class PrimaryTier:
         ``slots`` their new slots; ``evicted`` are the victims freed at once; with ``flush_dirty``
         victims not yet persisted in a secondary tier become FLUSHING instead (``flush_keys`` /
         ``flush_slots``): the caller must pin them and submit a store job. ``dropped`` counts the
-        new keys left out because every other slot is pinned, writing or flushing.
+        new keys left out because every other slot is pinned, writing or flushing (or, with
+        ``evict=False``, because no slot is free).
         """
         get = self.index.get
         pos = [i for i, s in enumerate(map(get, keys, itertools.repeat(-1, len(keys)))) if s < 0]
@@ -195,7 +196,7 @@ class PrimaryTier:
         evicted: list[BlockKey] = []
         flush_keys: list[BlockKey] = []
         flush_slots: list[int] = []
-        if need > len(free):
+        if need > len(free) and evict:
             evicted, flush_keys, flush_slots = self._evict(need - len(free), new_keys[0], flush_dirty)
         take = min(need, len(free))
         if take == 0:

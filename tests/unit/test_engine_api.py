@@ -18,7 +18,6 @@ from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.lru import LRUPolicy
 from kvtier.tiers.base import SecondaryTier, TierContext
-from kvtier.tiers.example import ExampleTier
 
 HIT, MISS, PENDING, RETRY = (
     LookupResult.HIT,
@@ -64,7 +63,7 @@ def test_lookup_store_load_roundtrip_in_primary() -> None:
         data = payload(keys)
         assert e.lookup(keys).results == [MISS] * 5
         assert e.store_blocks(keys, data) == 5
-        rep = e.lookup(keys + [K(99)])
+        rep = e.lookup([*keys, K(99)])
         assert rep.num_hits == 5
         assert rep.results == [HIT] * 5 + [MISS]
         assert rep.codes == bytes([1] * 5 + [0])
@@ -213,3 +212,251 @@ def scripted(slots: int = 4, **extra: Any) -> tuple[Engine, ScriptedTier]:
     tier = e.tiers[0]
     assert isinstance(tier, ScriptedTier)
     return e, tier
+
+
+def test_write_through_pins_until_the_store_job_ends() -> None:
+    e, tier = scripted(2)
+    with e:
+        e.complete_store(e.prepare_store([K(1), K(2)]))
+        assert e.stats()["primary"]["pinned"] == 2  # the store job reads the slots
+        h = e.prepare_store([K(3)])
+        assert h.keys == []  # nothing evictable while pinned
+        e.complete_store(h)
+        tier.finish_all()
+        e.poll()
+        assert e.stats()["primary"]["pinned"] == 0
+        assert tier.held == {K(1), K(2)}
+        h = e.prepare_store([K(3)])
+        assert h.keys == [K(3)]
+        e.complete_store(h)
+
+
+def test_write_back_flushes_victims_before_freeing_them() -> None:
+    e, tier = scripted(2, write_policy="write_back")
+    with e:
+        e.complete_store(e.prepare_store([K(1), K(2)]))
+        assert not tier.open  # nothing written on store
+        h = e.prepare_store([K(3)])
+        # K(1) is the victim: it is being flushed, still readable, and its slot is not free yet.
+        assert [j.keys for j in tier.open.values()] == [[K(1)]]
+        assert h.keys == []
+        assert e.lookup([K(1)]).results == [HIT]
+        e.complete_store(h)
+        tier.finish_all()
+        e.poll()
+        assert tier.held == {K(1)}
+        assert e.lookup([K(1)]).results == [PENDING]  # promoted back from the tier
+        assert e.stats()["writebacks"] == 1
+
+
+def test_write_back_with_a_fast_tier_does_not_drop_stores() -> None:
+    with example_engine(2, write_policy="write_back") as e:
+        keys = [K(i) for i in range(6)]
+        data = payload(keys)
+        for i in range(6):
+            assert e.store_blocks(keys[i : i + 1], data[i : i + 1]) == 1
+        assert e.stats()["dropped_stores"] == 0
+        assert len(e.tiers[0]) == 4  # type: ignore[arg-type]
+        e.drain()
+        out = np.zeros((1, BLOCK), np.uint8)
+        assert e.lookup(keys[:1]).results == [PENDING]
+        e.poll()
+        assert e.load_blocks(keys[:1], out) == 1 and np.array_equal(out, data[:1])
+
+
+def test_close_flushes_write_back_blocks() -> None:
+    e, tier = scripted(4, write_policy="write_back")
+    e.complete_store(e.prepare_store([K(1), K(2)]))
+    e.close()
+    assert tier.held == {K(1), K(2)}
+    e.close()  # idempotent
+    with pytest.raises(MisuseError):
+        e.lookup([K(1)])
+
+
+def test_after_hits_writes_once_a_block_is_hit_k_times() -> None:
+    e, tier = scripted(4, write_policy="after_hits", write_after_hits=2)
+    with e:
+        e.complete_store(e.prepare_store([K(1), K(2)]))
+        e.lookup([K(1)])
+        e.drain()
+        assert tier.held == set()
+        e.lookup([K(1), K(2)])
+        e.drain()
+        assert tier.held == {K(1)}
+        e.lookup([K(1), K(2)])
+        e.lookup([K(1)])
+        e.drain()
+        assert tier.held == {K(1), K(2)}
+        assert e.stats()["jobs_submitted"] == 2  # once per block, not per hit
+
+
+def test_admission_promotions_cannot_take_the_whole_job_budget() -> None:
+    e, tier = scripted(16, max_inflight_jobs=4, promotion_share=0.5)
+    with e:
+        tier.held = {K(i) for i in range(100, 110)}
+        for i in range(100, 105):
+            e.lookup([K(i)])  # each lookup would be one promotion job
+        st = e.stats()
+        assert st["promotions_inflight"] == 2  # 0.5 * 4
+        assert st["promotions_rejected"] == 3
+        # Stores still get the rest of the budget at once.
+        e.complete_store(e.prepare_store([K(1)]))
+        e.complete_store(e.prepare_store([K(2)]))
+        assert e.stats()["jobs_inflight"] == 4
+        # A store beyond the budget waits (pinned), and goes out when a job finishes.
+        e.complete_store(e.prepare_store([K(3)]))
+        assert e.stats()["deferred_stores"] == 1
+        tier.finish_all()
+        e.poll()
+        assert e.stats()["deferred_stores"] == 0
+        e.drain()
+        assert e.inflight_jobs == 0
+        assert K(3) in tier.held
+
+
+def test_tier_failures_degrade_to_misses_never_raise() -> None:
+    e, tier = scripted(4)
+    with e:
+        tier.held = {K(1)}
+        tier.raise_on = {"lookup"}
+        assert e.lookup([K(1)]).results == [MISS]
+        tier.raise_on = {"load"}
+        assert e.lookup([K(1)]).results == [MISS]  # submit failed: slot released at once
+        assert e.stats()["primary"]["free"] == 4
+        tier.raise_on = {"store"}
+        e.complete_store(e.prepare_store([K(2)]))
+        assert e.stats()["jobs_failed"] == 2
+        assert e.stats()["primary"]["pinned"] == 0
+        tier.raise_on = {"poll"}
+        e.poll()
+        tier.raise_on = set()
+        assert e.stats()["tier_errors"] >= 4
+        # Partial promotion: the failed key is released, the good one becomes READY.
+        tier.held = {K(5), K(6)}
+        tier.fail_loads = {K(6)}
+        assert e.lookup([K(5), K(6)]).results == [PENDING, PENDING]
+        tier.finish_all()
+        e.poll()
+        assert e.lookup([K(5)]).results == [HIT]
+        tier.held.discard(K(6))
+        assert e.lookup([K(6)]).results == [MISS]
+
+
+def test_retry_answers_pass_through() -> None:
+    e, tier = scripted(4)
+    with e:
+        tier.answer = {K(1): RETRY}
+        rep = e.lookup([K(1), K(2)])
+        assert rep.results == [RETRY, MISS]
+        assert e.stats()["retries"] == 1
+
+
+def test_unknown_job_results_are_counted_not_applied() -> None:
+    e, tier = scripted(4)
+    with e:
+        tier.done.append(JobResult(12345, True))
+        e.poll()
+        assert e.stats()["unknown_results"] == 1
+
+
+def test_tenant_b_never_hits_tenant_a() -> None:
+    with example_engine(8) as e:
+        a, b = RequestContext("r1", tenant="A"), RequestContext("r2", tenant="B")
+        keys = [K(i) for i in range(3)]
+        data = payload(keys)
+        assert e.store_blocks(keys, data, a) == 3
+        e.drain()
+        assert e.lookup(keys, a).results == [HIT] * 3
+        assert e.lookup(keys, b).results == [MISS] * 3  # neither the primary nor the example tier
+        assert e.lookup(keys).results == [MISS] * 3  # nor a request without a tenant
+        with pytest.raises(MisuseError):
+            e.prepare_load(keys, b)
+        assert e.load_blocks(keys, np.zeros_like(data), b) == 0
+        # B stores its own blocks under the same keys; each tenant reads its own bytes.
+        data_b = data[::-1].copy()
+        assert e.store_blocks(keys, data_b, b) == 3
+        out = np.zeros_like(data)
+        assert e.load_blocks(keys, out, a) == 3 and np.array_equal(out, data)
+        assert e.load_blocks(keys, out, b) == 3 and np.array_equal(out, data_b)
+        # After a reset, promotion from the shared tier still respects tenants.
+        e.drain()  # write-through jobs pin their slots until collected; reset keeps pinned blocks
+        e.reset()
+        assert e.lookup(keys, b).results == [PENDING] * 3
+        e.poll()
+        assert e.load_blocks(keys, out, b) == 3 and np.array_equal(out, data_b)
+
+
+def test_reset_keeps_pinned_blocks_and_close_is_idempotent() -> None:
+    e = Engine(cfg(4))
+    keys = [K(i) for i in range(3)]
+    data = payload(keys)
+    e.store_blocks(keys, data)
+    lh = e.prepare_load(keys[:1])
+    e.reset()
+    assert e.lookup(keys).results == [HIT, MISS, MISS]
+    out = np.zeros((1, BLOCK), np.uint8)
+    np.copyto(out[0], e.primary.rows[int(lh.slot_ids[0]), :BLOCK])
+    assert np.array_equal(out, data[:1])
+    e.complete_load(lh)
+    with pytest.raises(MisuseError):
+        e.complete_load(lh)
+    e.close()
+    e.close()
+
+
+def test_events_and_subscribers() -> None:
+    seen: list[EngineEvent] = []
+    with Engine(cfg(2, primary_backing="none")) as e:
+        e.subscribe(seen.append)
+        e.complete_store(e.prepare_store([K(1), K(2)]))
+        e.lookup([K(1)])
+        e.complete_store(e.prepare_store([K(3)]))
+        kinds = [ev.kind for ev in e.events()]
+        assert kinds == ["stored", "evicted", "stored"]
+        assert [ev.kind for ev in seen] == kinds
+        assert seen[1].keys == (K(2),)
+        assert e.events() == []
+
+
+def test_subscriber_errors_do_not_reach_the_caller(caplog: pytest.LogCaptureFixture) -> None:
+    def boom(ev: EngineEvent) -> None:
+        raise RuntimeError("metrics broke")
+
+    with Engine(cfg(2, primary_backing="none")) as e:
+        e.subscribe(boom)
+        e.complete_store(e.prepare_store([K(1)]))
+    assert "subscriber failed" in caplog.text
+
+
+def test_simulation_mode_has_no_bytes_and_no_tiers() -> None:
+    c = cfg(3, primary_backing="none", secondary_tiers=[{"type": "example"}])
+    with Engine(c) as e:
+        assert e.tiers == []
+        assert e.primary_kv_view.shape == (3, 0)
+        keys = [K(i) for i in range(5)]
+        # One batch cannot evict its own WRITING blocks: the 2 that do not fit are dropped.
+        assert e.store_blocks(keys, payload(keys)) == 3
+        assert e.stats()["dropped_stores"] == 2
+        assert e.store_blocks(keys[3:], payload(keys[3:])) == 2
+        assert e.lookup(keys).results == [MISS, MISS, HIT, HIT, HIT]
+        assert e.stats()["evictions"] == 2
+
+
+def test_duplicate_keys_in_one_store_take_one_slot() -> None:
+    with Engine(cfg(4, primary_backing="none")) as e:
+        h = e.prepare_store([K(1), K(1), K(2)])
+        assert h.keys == [K(1), K(2)] and h.positions == [0, 2]
+        e.complete_store(h)
+        assert e.stats()["primary"]["ready"] == 2
+
+
+def test_policy_override_must_match_the_slot_count() -> None:
+    with pytest.raises(MisuseError, match="capacity"):
+        Engine(cfg(4), policy=LRUPolicy(5))
+
+
+def test_report_values() -> None:
+    rep = LookupReport(1, [HIT, MISS])
+    assert rep.codes == b"\x01\x00" and rep.hits == 1 and len(rep) == 2
+    assert "num_hits=1" in repr(rep)
