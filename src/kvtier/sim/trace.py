@@ -70,7 +70,8 @@ def _open_text(path: Path) -> IO[str]:
     raw = path.open("rb")
     magic = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
+        raw.close()
+        return gzip.open(path, "rt", encoding="utf-8")
     return io.TextIOWrapper(raw, encoding="utf-8")
 
 

@@ -1,0 +1,245 @@
+"""Prefix-aware eviction: leaf-first, frequency-learning, for KV caches.
+
+A KV block is only useful as part of a *leading* run: block ``i`` of a prompt can be reused only if
+blocks ``0..i-1`` are reused too. Generic policies ignore this and happily evict a prompt's first
+block while its tail stays cached (the tail is then dead weight). This policy uses what a KV cache
+knows and a generic cache does not:
+
+* **Position in the prefix tree** (``BlockInfo.parent``): only *leaves* -- resident blocks with no
+  resident child -- are eviction candidates, so a chain is always trimmed from its tail and a head
+  is never evicted while its tail is cached (evicting it would strand the tail). Blocks whose parent
+  is not resident (already stranded) go first.
+* **Sharing frequency**: every access of a block counts, so a system-prompt block shared by many
+  conversations carries the count of all of them.
+* **A learned reuse curve**: the policy measures online, for each use count ``k`` (capped at 8),
+  the fraction of blocks seen ``k`` times that are seen again (``P(reuse | k)``). In conversation
+  traces this climbs steeply (about 0.24, 0.42, 0.50, 0.58, ... 0.88) -- the strongest signal there is.
+* **Ghost history**: counts and last-use times of recently evicted blocks (``ghost_factor`` x capacity
+  entries, keys only) so a block that comes back resumes its count instead of starting over.
+
+Priority of a leaf (lowest is evicted) combines recency and the reuse curve on one time scale::
+
+    priority = last_use + horizon * ln P(reuse | uses)
+
+i.e. a block seen ``k`` times stays as long as a block seen once that was used ``horizon * ln(P(k) /
+P(1))`` accesses more recently. ``horizon`` (in block accesses) defaults to the running mean reuse
+distance the policy observes (hits and ghost returns) times 1.5, because long distances are censored
+(never observed once both cache and ghost have forgotten the block); set it to a fixed number to
+pin it. Because ``now`` is common to every block, the ordering is static between touches, so a
+lazy heap suffices: ``touch``/``insert`` are O(log n), ``evict`` amortised O(log n).
+
+Protected keys are skipped; if every unprotected key is an inner node (all its leaves protected),
+inner nodes are evicted in priority order as a last resort, so :meth:`evict` still returns exactly
+``n`` victims whenever ``n`` unprotected keys exist. Without ``BlockInfo`` every block is its own
+root and the policy is a frequency-aware LRU.
+
+Options: ``horizon`` (None = adaptive), ``ghost_factor`` (4.0), ``tenant_quota``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+
+from kvtier.keys import BlockInfo, BlockKey
+from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
+
+__all__ = ["PrefixAwarePolicy"]
+
+_MAX_CLASS = 8  # use counts above this share one reuse estimate
+_STRANDED = -math.inf
+
+
+class _Entry:
+    __slots__ = ("depth", "last", "parent", "prio", "uses")
+
+    def __init__(self, parent: BlockKey | None, depth: int, uses: int, last: int) -> None:
+        self.parent = parent
+        self.depth = depth
+        self.uses = uses
+        self.last = last
+        self.prio = 0.0
+
+
+class PrefixAwarePolicy(QuotaAwarePolicy):
+    """Leaf-first eviction ordered by recency plus a learned reuse-probability curve."""
+
+    name = "prefix"
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        horizon: float | None = None,
+        ghost_factor: float = 4.0,
+        tenant_quota: float | None = None,
+    ) -> None:
+        super().__init__(capacity, tenant_quota=tenant_quota)
+        if horizon is not None and horizon <= 0:
+            raise ValueError(f"horizon must be > 0 block accesses (or None for adaptive), got {horizon!r}")
+        if ghost_factor < 0:
+            raise ValueError(f"ghost_factor must be >= 0, got {ghost_factor!r}")
+        self._fixed_horizon = None if horizon is None else float(horizon)
+        self._ghost_cap = int(ghost_factor * self.capacity)
+        self._entries: dict[BlockKey, _Entry] = {}
+        self._kids: dict[BlockKey, int] = {}  # resident children per parent key (resident or not)
+        self._heap: list[tuple[float, int, BlockKey]] = []  # candidate leaves, lazily validated
+        self._seq = 0
+        self._clock = 0
+        self._ghost: OrderedDict[BlockKey, tuple[int, int]] = OrderedDict()  # key -> (uses, last)
+        # reach[k]: blocks that reached k uses (k < _MAX_CLASS); for the top class, accesses made
+        # at >= _MAX_CLASS uses and how many of those were followed by another access.
+        self._reach = [0] * (_MAX_CLASS + 2)
+        self._gap_mean = float(max(self.capacity, 16))  # adaptive horizon: mean reuse distance
+
+    # ---------------------------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(list(self._entries))
+
+    @property
+    def horizon(self) -> float:
+        """Current horizon (block accesses) weighing frequency against recency."""
+        if self._fixed_horizon is not None:
+            return self._fixed_horizon
+        # Reuse distances longer than what the cache plus its ghost can remember are never seen,
+        # so the observed mean is biased low; scaling it by 1.5 is a simple, capacity-free correction
+        # (1.0 under-weights frequency in small caches, 2.0 over-weights it in large ones).
+        return 1.5 * self._gap_mean
+
+    def reuse_probability(self, uses: int) -> float:
+        """The learned ``P(reuse | uses)`` (Laplace-smoothed)."""
+        k = min(max(uses, 1), _MAX_CLASS)
+        return (self._reach[k + 1] + 1) / (self._reach[k] + 2)
+
+    # ------------------------------------------------------------------------------- internals
+    def _count_use(self, uses: int) -> None:
+        self._reach[min(uses, _MAX_CLASS)] += 1
+        if uses > _MAX_CLASS:
+            self._reach[_MAX_CLASS + 1] += 1
+
+    def _observe_gap(self, gap: int) -> None:
+        self._gap_mean += (gap - self._gap_mean) / 1024.0
+
+    def _score(self, key: BlockKey, entry: _Entry) -> None:
+        parent = entry.parent
+        if parent is not None and parent not in self._entries:
+            entry.prio = _STRANDED  # unreachable as a prefix hit until its parent returns
+        else:
+            entry.prio = entry.last + self.horizon * math.log(self.reuse_probability(entry.uses))
+        if not self._kids.get(key):
+            self._seq += 1
+            heapq.heappush(self._heap, (entry.prio, self._seq, key))
+
+    def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
+        self._clock += 1
+        parent = info.parent if info is not None else None
+        uses = 1
+        past = self._ghost.pop(key, None)
+        if past is not None:
+            uses = past[0] + 1
+            self._observe_gap(self._clock - past[1])
+        self._count_use(uses)
+        entry = _Entry(parent, info.depth if info is not None else 0, uses, self._clock)
+        self._entries[key] = entry
+        if parent is not None:
+            self._kids[parent] = self._kids.get(parent, 0) + 1
+        self._score(key, entry)
+        # Resident children of this key (inserted while it was away) are no longer stranded.
+        if self._kids.get(key):
+            self._rescore_children_lazily(key)
+
+    def _rescore_children_lazily(self, key: BlockKey) -> None:
+        # Children are rare to outlive their parent (leaf-first eviction); a linear pass is fine.
+        for child, entry in self._entries.items():
+            if entry.parent == key and entry.prio == _STRANDED:
+                self._score(child, entry)
+
+    def _touch(self, key: BlockKey) -> None:
+        self._clock += 1
+        entry = self._entries[key]
+        self._observe_gap(self._clock - entry.last)
+        entry.uses += 1
+        entry.last = self._clock
+        self._count_use(entry.uses)
+        self._score(key, entry)
+
+    def _drop(self, key: BlockKey) -> _Entry:
+        entry = self._entries.pop(key)
+        parent = entry.parent
+        if parent is not None:
+            left = self._kids[parent] - 1
+            if left:
+                self._kids[parent] = left
+            else:
+                del self._kids[parent]
+                pentry = self._entries.get(parent)
+                if pentry is not None:  # the parent just became a leaf: a candidate now
+                    self._seq += 1
+                    heapq.heappush(self._heap, (pentry.prio, self._seq, parent))
+        return entry
+
+    def _remove(self, key: BlockKey) -> None:
+        if key in self._entries:
+            self._drop(key)
+            self._ghost.pop(key, None)
+
+    def _remember(self, key: BlockKey, entry: _Entry) -> None:
+        if self._ghost_cap <= 0:
+            return
+        self._ghost[key] = (entry.uses, entry.last)
+        while len(self._ghost) > self._ghost_cap:
+            self._ghost.popitem(last=False)
+
+    def _pop_leaf(
+        self, protected: Collection[BlockKey], skipped: list[tuple[float, int, BlockKey]]
+    ) -> BlockKey | None:
+        heap, entries, kids = self._heap, self._entries, self._kids
+        while heap:
+            item = heapq.heappop(heap)
+            prio, _, key = item
+            entry = entries.get(key)
+            if entry is None or entry.prio != prio or kids.get(key):
+                continue  # stale: evicted, re-scored, or no longer a leaf
+            if key in protected:
+                skipped.append(item)
+                continue
+            return key
+        return None
+
+    def _evict(self, n: int, protected: Collection[BlockKey], incoming: BlockKey | None) -> list[BlockKey]:
+        if unprotected_count(self, protected) < n:
+            return []
+        victims: list[BlockKey] = []
+        skipped: list[tuple[float, int, BlockKey]] = []
+        for _ in range(n):
+            key = self._pop_leaf(protected, skipped)
+            if key is None:
+                # Every unprotected key is an inner node above protected leaves: take the deepest
+                # (it strands the fewest blocks), lowest priority first among equals.
+                key = min(
+                    (k for k in self._entries if k not in protected),
+                    key=lambda k: (-self._entries[k].depth, self._entries[k].prio),
+                )
+            entry = self._drop(key)
+            self._remember(key, entry)
+            victims.append(key)
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        if len(self._heap) > 4 * len(self._entries) + 64:
+            self._compact()
+        return victims
+
+    def _compact(self) -> None:
+        """Rebuild the heap from the live leaves (drops stale entries)."""
+        kids = self._kids
+        self._heap = [(e.prio, i, k) for i, (k, e) in enumerate(self._entries.items()) if not kids.get(k)]
+        self._seq = len(self._heap)
+        heapq.heapify(self._heap)
