@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         p, pol, spec = report["primary"], report["policy"], report["spec"]
-        print(f"config: {args.config}")
+        source = "(JSON string)" if str(args.config).lstrip().startswith("{") else args.config
+        print(f"config: {source}")
         print(f"spec:   {spec['name']} ({spec['target']})")
         print(f"policy: {pol['name']} ({pol['target']}), capacity {pol['capacity']} blocks")
         print(f"primary: {p['slots']} slots x {p['block_bytes']} bytes ({p['backing']})")

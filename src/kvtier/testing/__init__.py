@@ -22,6 +22,9 @@ block_bytes)``; to change only its geometry, set the class attributes ``num_slot
 and ``block_bytes``. Asynchronous tiers are polled until ``job_timeout`` seconds; ``max_submit_seconds``
 bounds how long a ``submit_*`` call may take (the contract says non-blocking).
 
+The suite needs pytest (``pip install 'kvtier[dev]'`` or just ``pytest``); :class:`PrimaryBuffer`
+and :func:`wait_for_jobs` are plain helpers usable from any test runner (``kvtier.testing.primary``).
+
 What the suite checks is written in each test's docstring; together they are the contract of
 :class:`kvtier.tiers.base.SecondaryTier` as kvtier's engine relies on it.
 """
