@@ -604,3 +604,18 @@ def test_kvtier_own_entry_points_are_builtins() -> None:
     assert {ep.name for ep in own} >= {"example"}
     rows = plugins.list_plugins()
     assert not [r for r in rows if r.source == plugins.ENTRY_POINT and r.target.startswith("kvtier.")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [(k, n) for k in ("tier", "policy", "spec") for n in plugins.get_registry(k).builtin_names()],
+)
+def test_every_builtin_resolves_to_its_base(kind: str, name: str) -> None:
+    """The built-in table names real classes (a renamed class or module fails here, not in production)."""
+    reg = plugins.get_registry(kind)
+    cls = reg.resolve(name)
+    assert issubclass(cls, reg.base)
+    assert f"{cls.__module__}:{cls.__qualname__}" == reg.target_of(name)
+    if kind == "policy":
+        policy = plugins.create_policy(load_config({"eviction_policy": name}), 8)
+        assert policy.capacity == 8 and len(policy) == 0
