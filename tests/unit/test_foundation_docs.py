@@ -116,12 +116,13 @@ def test_python_examples_run(project: Path) -> None:
 def test_conformance_example_passes(project: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         "--rootdir", str(project), str(project / "test_acme_contract.py")],
+         "--rootdir", str(project), *sorted(str(p) for p in project.glob("test_*.py"))],
         capture_output=True, text=True, timeout=300, cwd=project,
         env=dict(os.environ, PYTHONPATH=str(project)),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert " passed" in proc.stdout
+    assert "TestMemoTierContract" not in proc.stdout  # nothing failed or errored ...
+    assert re.search(r"\b(\d+) passed", proc.stdout) and int(re.search(r"(\d+) passed", proc.stdout)[1]) >= 15
 
 
 def test_first_example_with_the_real_cli(project: Path) -> None:

@@ -25,13 +25,17 @@ bounds how long a ``submit_*`` call may take (the contract says non-blocking).
 The suite needs pytest (``pip install 'kvtier[dev]'`` or just ``pytest``); :class:`PrimaryBuffer`
 and :func:`wait_for_jobs` are plain helpers usable from any test runner (``kvtier.testing.primary``).
 
+Eviction-policy authors subclass :class:`PolicyContractTests` and implement
+``make_policy(capacity)`` the same way.
+
 What the suite checks is written in each test's docstring; together they are the contract of
 :class:`kvtier.tiers.base.SecondaryTier` as kvtier's engine relies on it.
 """
 
 from __future__ import annotations
 
+from kvtier.testing.policy_contract import PolicyContractTests
 from kvtier.testing.primary import PrimaryBuffer, wait_for_jobs
 from kvtier.testing.tier_contract import TierContractTests
 
-__all__ = ["PrimaryBuffer", "TierContractTests", "wait_for_jobs"]
+__all__ = ["PolicyContractTests", "PrimaryBuffer", "TierContractTests", "wait_for_jobs"]
