@@ -121,8 +121,8 @@ def test_conformance_example_passes(project: Path) -> None:
         env=dict(os.environ, PYTHONPATH=str(project)),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "TestMemoTierContract" not in proc.stdout  # nothing failed or errored ...
-    assert re.search(r"\b(\d+) passed", proc.stdout) and int(re.search(r"(\d+) passed", proc.stdout)[1]) >= 15
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed is not None and int(passed[1]) >= 15  # both suites really ran
 
 
 def test_first_example_with_the_real_cli(project: Path) -> None:
