@@ -49,6 +49,7 @@ from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
 __all__ = ["PrefixAwarePolicy"]
 
 _MAX_CLASS = 8  # use counts above this share one reuse estimate
+_REFRESH = 256  # uses between refreshes of the cached curve
 _STRANDED = -math.inf
 
 
@@ -93,6 +94,12 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         # at >= _MAX_CLASS uses and how many of those were followed by another access.
         self._reach = [0] * (_MAX_CLASS + 2)
         self._gap_mean = float(max(self.capacity, 16))  # adaptive horizon: mean reuse distance
+        # Cached ln P(reuse | k) and horizon, refreshed every _REFRESH uses: scoring is on the hot
+        # path, and the curve moves slowly once a few thousand accesses have been seen.
+        self._logp = [0.0] * (_MAX_CLASS + 1)
+        self._horizon_now = 0.0
+        self._until_refresh = 0
+        self._refresh()
 
     # ---------------------------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -120,10 +127,19 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         return (self._reach[k + 1] + 1) / (self._reach[k] + 2)
 
     # ------------------------------------------------------------------------------- internals
+    def _refresh(self) -> None:
+        reach = self._reach
+        self._logp = [0.0] + [math.log((reach[k + 1] + 1) / (reach[k] + 2)) for k in range(1, _MAX_CLASS + 1)]
+        self._horizon_now = self.horizon
+        self._until_refresh = _REFRESH
+
     def _count_use(self, uses: int) -> None:
         self._reach[min(uses, _MAX_CLASS)] += 1
         if uses > _MAX_CLASS:
             self._reach[_MAX_CLASS + 1] += 1
+        self._until_refresh -= 1
+        if self._until_refresh <= 0:
+            self._refresh()
 
     def _observe_gap(self, gap: int) -> None:
         self._gap_mean += (gap - self._gap_mean) / 1024.0
@@ -133,7 +149,10 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         if parent is not None and parent not in self._entries:
             entry.prio = _STRANDED  # unreachable as a prefix hit until its parent returns
         else:
-            entry.prio = entry.last + self.horizon * math.log(self.reuse_probability(entry.uses))
+            uses = entry.uses
+            entry.prio = (
+                entry.last + self._horizon_now * self._logp[uses if uses < _MAX_CLASS else _MAX_CLASS]
+            )
         if not self._kids.get(key):
             self._seq += 1
             heapq.heappush(self._heap, (entry.prio, self._seq, key))
