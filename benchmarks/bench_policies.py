@@ -10,6 +10,10 @@ fractions of the trace's unique blocks (floor):
   resident blocks (see :mod:`kvtier.policies.evaluate` and docs/policies.md) -- for kvtier's
   ``prefix`` next to libCacheSim's six policies.
 
+It also measures key hashing (tokens/s of ``KeyNamespace.key_tokens``) and the LRU hot path
+(block refs/s of a request-shaped lookup/insert loop), reported against their targets (1 M tokens/s,
+500 k refs/s).
+
 ``--json`` prints one JSON object: ``ratios`` holds, per capacity, kvtier's best / libCacheSim's
 best (> 1 means kvtier is ahead) for the prefix-hit ratio and the flat hit ratio; ``flat``,
 ``prefix`` and ``opt`` hold the raw figures. Default run: full trace, flat at 1/5/10/25 %, prefix at
@@ -30,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.keys import make_namespace
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.evaluate import (
     flat_hits,
@@ -82,6 +87,34 @@ def _run_task(task: tuple[str, str, str, int]) -> float:
     if lib == "kvtier":
         return prefix_replay(OURS[policy](cap), reqs).prefix_hit_ratio
     return lcs_prefix_replay(policy, reqs, cap).prefix_hit_ratio
+
+
+def _speed() -> dict[str, float]:
+    """Throughput of key hashing and of the LRU hot path (what the engine and replay lean on)."""
+    ns = make_namespace("bench-model", block_size=16, dtype="bfloat16", cache_salt="tenant")
+    tokens = (np.arange(1 << 20, dtype=np.int64) * 2654435761 % 128_000).astype(np.int64)
+    t = time.perf_counter()
+    keys = ns.key_tokens(tokens)
+    key_rate = tokens.size / (time.perf_counter() - t)
+    t = time.perf_counter()
+    wrapped = ns.wrap_engine_hashes(keys)
+    wrap_rate = len(wrapped) / (time.perf_counter() - t)
+    # A request-shaped LRU workload: lookups (touch_many of the hit prefix) + inserts with eviction.
+    lru = LRUPolicy(len(keys) // 2)
+    t = time.perf_counter()
+    refs = 0
+    for start in range(0, len(keys), 64):
+        req = keys[max(0, start - 256) : start + 64]  # 256 shared blocks then 64 new ones
+        hit = [k for k in req if k in lru]
+        lru.touch_many(hit)
+        for key in req:
+            if key not in lru:
+                if len(lru) >= lru.capacity:
+                    lru.evict(1)
+                lru.insert(key)
+        refs += len(req)
+    lru_rate = refs / (time.perf_counter() - t)
+    return {"key_tokens_per_s": key_rate, "engine_hash_wraps_per_s": wrap_rate, "lru_refs_per_s": lru_rate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         label: {ours: row[f"kvtier.{ours}"] - row[f"libcachesim.{lcs}"] for ours, lcs in SAME.items()}
         for label, row in flat_res.items()
     }
+    speed = _speed()
+    ratios["keys_tokens_per_s_vs_1M_target"] = speed["key_tokens_per_s"] / 1e6
+    ratios["lru_refs_per_s_vs_500k_target"] = speed["lru_refs_per_s"] / 5e5
     result = {
         "trace": str(args.trace),
         "requests": len(reqs),
@@ -164,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefix": prefix_res,
         "opt": opt,
         "infinite": infinite_hit_ratio(flat),
+        "speed": speed,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     if args.json:
@@ -187,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:>20}  " + " ".join(f"{prow[n]:>13.2%}" for n in pnames))
     print(
         "\nratios (kvtier best / libCacheSim best): " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
+    )
+    print(
+        f"keys: {speed['key_tokens_per_s'] / 1e6:.1f} M tokens/s, "
+        f"{speed['engine_hash_wraps_per_s'] / 1e6:.2f} M engine-hash wraps/s; "
+        f"LRU hot path: {speed['lru_refs_per_s'] / 1e6:.2f} M block refs/s"
     )
     print(f"({result['seconds']} s)")
     return 0
