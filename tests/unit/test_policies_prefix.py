@@ -109,3 +109,16 @@ def test_prefix_policy_beats_libcachesim_on_conversation_trace() -> None:
             for name in ("LRU", "ARC", "S3FIFO", "Sieve", "LIRS", "WTinyLFU")
         )
         assert ours > best, f"{frac:.0%}: prefix {ours:.4f} <= best libCacheSim {best:.4f}"
+
+
+def test_stranded_blocks_go_first_and_recover_when_the_parent_returns() -> None:
+    p = _warm(PrefixAwarePolicy(8))
+    p.insert(k(10))  # an old, unrelated root
+    p.insert(k(11))
+    _chain(p, [0, 1])
+    p.remove(k(0))  # invalidated head: block 1 can no longer be a prefix hit
+    assert p.evict(1) == [k(1)]  # stranded, although more recent than 10 and 11
+    _chain(p, [0, 1])
+    p.remove(k(0))
+    p.insert(k(0), BlockInfo(depth=0))  # the head comes back: 1 is reachable again
+    assert p.evict(2) == [k(10), k(11)]

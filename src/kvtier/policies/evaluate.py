@@ -31,7 +31,7 @@ import numpy as np
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.base import CachePolicy
 from kvtier.sim.opt import next_use
-from kvtier.sim.trace import TraceRequest, flatten
+from kvtier.sim.trace import TraceRequest
 
 __all__ = [
     "PrefixStats",
@@ -174,8 +174,3 @@ def lcs_prefix_replay(name: str, requests: Sequence[TraceRequest], capacity: int
             req.obj_id = block
             hits += bool(get(req))
     return PrefixStats(refs=refs, prefix_hits=prefix, block_hits=hits)
-
-
-def flat_sequence(requests: Sequence[TraceRequest]) -> np.ndarray:
-    """Alias of :func:`kvtier.sim.trace.flatten` for callers that only import this module."""
-    return flatten(requests)

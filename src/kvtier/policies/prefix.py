@@ -8,7 +8,7 @@ knows and a generic cache does not:
 * **Position in the prefix tree** (``BlockInfo.parent``): only *leaves* -- resident blocks with no
   resident child -- are eviction candidates, so a chain is always trimmed from its tail and a head
   is never evicted while its tail is cached (evicting it would strand the tail). Blocks whose parent
-  is not resident (already stranded) go first.
+  is not resident (stranded: unusable as a prefix hit until the parent returns) go first.
 * **Sharing frequency**: every access of a block counts, so a system-prompt block shared by many
   conversations carries the count of all of them.
 * **A learned reuse curve**: the policy measures online, for each use count ``k`` (capped at 8),
@@ -85,7 +85,8 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._fixed_horizon = None if horizon is None else float(horizon)
         self._ghost_cap = int(ghost_factor * self.capacity)
         self._entries: dict[BlockKey, _Entry] = {}
-        self._kids: dict[BlockKey, int] = {}  # resident children per parent key (resident or not)
+        # Resident children per parent key (the parent itself may be absent: then they are stranded).
+        self._kids: dict[BlockKey, set[BlockKey]] = {}
         self._heap: list[tuple[float, int, BlockKey]] = []  # candidate leaves, lazily validated
         self._seq = 0
         self._clock = 0
@@ -169,17 +170,18 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         entry = _Entry(parent, info.depth if info is not None else 0, uses, self._clock)
         self._entries[key] = entry
         if parent is not None:
-            self._kids[parent] = self._kids.get(parent, 0) + 1
+            self._kids.setdefault(parent, set()).add(key)
         self._score(key, entry)
-        # Resident children of this key (inserted while it was away) are no longer stranded.
-        if self._kids.get(key):
-            self._rescore_children_lazily(key)
+        # Resident children of this key (kept while it was away) are reachable again.
+        self._rescore_children(key)
 
-    def _rescore_children_lazily(self, key: BlockKey) -> None:
-        # Children are rare to outlive their parent (leaf-first eviction); a linear pass is fine.
-        for child, entry in self._entries.items():
-            if entry.parent == key and entry.prio == _STRANDED:
-                self._score(child, entry)
+    def _rescore_children(self, key: BlockKey) -> None:
+        """Re-score ``key``'s resident children after it arrived or left (stranded or not)."""
+        children = self._kids.get(key)
+        if children:
+            entries = self._entries
+            for child in children:
+                self._score(child, entries[child])
 
     def _touch(self, key: BlockKey) -> None:
         self._clock += 1
@@ -194,15 +196,17 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         entry = self._entries.pop(key)
         parent = entry.parent
         if parent is not None:
-            left = self._kids[parent] - 1
-            if left:
-                self._kids[parent] = left
-            else:
+            siblings = self._kids[parent]
+            siblings.discard(key)
+            if not siblings:
                 del self._kids[parent]
                 pentry = self._entries.get(parent)
                 if pentry is not None:  # the parent just became a leaf: a candidate now
                     self._seq += 1
                     heapq.heappush(self._heap, (pentry.prio, self._seq, parent))
+        # Rare (leaf-first eviction avoids it; owner removals, quotas and pins can force it): the
+        # children left behind are now stranded and should go first.
+        self._rescore_children(key)
         return entry
 
     def _remove(self, key: BlockKey) -> None:

@@ -28,7 +28,7 @@ __all__ = ["QuotaAwarePolicy", "TenantQuota", "as_set", "unprotected_count"]
 
 
 def as_set(protected: Collection[BlockKey]) -> Collection[BlockKey]:
-    """``protected`` with O(1) membership (sets, frozensets and dict views pass through)."""
+    """``protected`` with O(1) membership (sets, frozensets and dicts pass through as they are)."""
     if isinstance(protected, set | frozenset | dict) or not protected:
         return protected
     return set(protected)
