@@ -197,7 +197,7 @@ class FsTier(IndexSync, SecondaryTier):
         if key in self._index:
             self.stats.hits += 1
             return LookupResult.HIT
-        if self._scan_done or self._top_done[Layout.shard_of(key) >> 8]:
+        if self._scan_done or self._top_done[Layout.shard_of(key) >> 4]:
             return LookupResult.MISS
         return LookupResult.RETRY
 

@@ -109,6 +109,7 @@ class SharedAccounting:
         # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
         self._ev_fd = os.open(os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self._ev_off = -1
+        self.events_lost = 0
         self._epoch = 0
         self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
         self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
@@ -195,12 +196,17 @@ class SharedAccounting:
         if not events:
             return
         data = b"".join(_EVT.pack(op, self._writer_id, len(k)) + k for op, k in events)
-        if os.fstat(self._ev_fd).st_size + len(data) > EVENTS_MAX:
-            os.ftruncate(self._ev_fd, 0)
-            st.epoch += 1
-            self._epoch = st.epoch
-        os.write(self._ev_fd, data)
-        self._ev_off = os.fstat(self._ev_fd).st_size
+        try:
+            if os.fstat(self._ev_fd).st_size + len(data) > EVENTS_MAX:
+                os.ftruncate(self._ev_fd, 0)
+                st.epoch += 1
+                self._epoch = st.epoch
+            os.write(self._ev_fd, data)
+            self._ev_off = os.fstat(self._ev_fd).st_size
+        except OSError:
+            # Best effort (a full disk): the tree and the totals are already right; other
+            # processes' indexes go stale, which costs them a miss, never a wrong byte.
+            self.events_lost += len(events)
 
     def write_intent(self, st: AccountingState, intent: list[list[Any]]) -> None:
         """Persist ``st`` (deltas already applied) with ``intent`` before touching the tree."""

@@ -134,14 +134,14 @@ class IndexSync:
             self._remove_bad(shard.bad)
         if not shard.entries:
             return
-        shard.entries.sort(key=lambda e: e.mtime)
+        shard.entries.sort(key=lambda e: e[2])
         with self._acct.section() as st, self._lock:
-            for e in shard.entries:
-                key = BlockKey(e.key)
+            for raw, size, mtime in shard.entries:
+                key = BlockKey(raw)
                 seen.add(key)
                 if key in self._index or key in self._tombstones:
                     continue
-                self._insert_locked(st, key, e.size, e.mtime)
+                self._insert_locked(st, key, size, mtime)
 
     def _finish_scan(self, seen: set[BlockKey], started: float, initial: bool) -> None:
         with self._acct.section() as st, self._lock:
