@@ -191,8 +191,9 @@ class Registry(Generic[T]):
 
         Returns ``cls`` so it can be used as a decorator helper.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"{self.kind} plug-in name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name.strip() or ":" in name:
+            # ":" is reserved for "pkg.module:Class" targets in config.
+            raise ValueError(f"{self.kind} plug-in name must be a non-empty string without ':', got {name!r}")
         self._check_subclass(cls, name, _describe(cls))
         with self._lock:
             if not replace and (name in self._builtins or name in self._registered):

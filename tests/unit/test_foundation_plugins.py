@@ -441,6 +441,9 @@ class _Mine(ExampleTier):
 
 def test_register_refuses_existing_names_unless_replacing(view: memoryview) -> None:
     plugins.register_tier("mine", _Mine)
+    for bad in ("", "  ", "pkg.mod:Class"):
+        with pytest.raises(ValueError, match="non-empty string without ':'"):
+            plugins.register_tier(bad, _Mine)
     with pytest.raises(PluginError, match=r"already registered.*replace=True"):
         plugins.register_tier("mine", ExampleTier)
     with pytest.raises(PluginError, match="already built-in"):
