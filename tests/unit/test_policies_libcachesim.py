@@ -17,6 +17,7 @@ from kvtier.policies.evaluate import (
     write_oracle_general,
 )
 from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import PrefixAwarePolicy
 from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SIEVEPolicy
 from kvtier.sim.trace import TraceRequest, flatten, read_trace
@@ -85,3 +86,28 @@ def test_s3fifo_tiny_cache_documented_difference(
     assert flat_hits(S3FIFOPolicy(19), flat) / flat.size > 0.03
     ours20 = flat_hits(S3FIFOPolicy(20), flat) / flat.size
     assert abs(ours20 - lcs_flat_hit_ratio("S3FIFO", path, 20)) <= 1e-4
+
+
+def test_prefix_policy_beats_libcachesim_on_conversation_trace(tmp_path: Path) -> None:
+    """Done-when: prefix-hit ratio above the best of six libCacheSim policies at 1 %, 5 %, 10 %.
+
+    libCacheSim's prefix-hit ratio (``lcs_prefix_replay``) never exceeds its flat block-hit ratio: the
+    probe has no side effects, so the cache sees exactly the flat sequence, and a prefix hit is a
+    block hit. Beating the best *flat* ratio therefore beats the best prefix ratio, and the flat
+    runs are ~10x cheaper (the bench reports the exact prefix figures).
+    """
+    reqs = read_trace(TRACE)
+    flat = flatten(reqs)
+    og = write_oracle_general(flat, tmp_path / "full.oracleGeneral")
+    unique = int(np.unique(flat).size)
+    for frac in (0.01, 0.05, 0.10):
+        cap = int(unique * frac)
+        ours = prefix_replay(PrefixAwarePolicy(cap), reqs).prefix_hit_ratio
+        best_name, best = max(
+            (
+                (name, lcs_flat_hit_ratio(name, og, cap))
+                for name in ("LRU", "ARC", "S3FIFO", "Sieve", "LIRS", "WTinyLFU")
+            ),
+            key=lambda nv: nv[1],
+        )
+        assert ours > best, f"{frac:.0%}: prefix {ours:.4f} <= libCacheSim {best_name} {best:.4f}"

