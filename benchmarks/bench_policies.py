@@ -17,8 +17,8 @@ It also measures key hashing (tokens/s of ``KeyNamespace.key_tokens``) and the L
 ``--json`` prints one JSON object: ``ratios`` holds, per capacity, kvtier's best / libCacheSim's
 best (> 1 means kvtier is ahead) for the prefix-hit ratio and the flat hit ratio; ``flat``,
 ``prefix`` and ``opt`` hold the raw figures. Default run: full trace, flat at 1/5/10/25 %, prefix at
-1/5/10 %, in 2 worker processes (``--jobs``); about 35 s on a quiet 2-core machine. ``--limit N``
-uses the first N requests only.
+1/5/10 %, in 2 worker processes (``--jobs``): ~55 s of CPU, ~30-50 s of wall time on a 2-core
+machine (longer when it is shared). ``--limit N`` uses the first N requests only.
 """
 
 from __future__ import annotations
