@@ -110,6 +110,17 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
             assert self.policy is not None
             self.policy.touch_many([k for k in keys if k in self.model])
 
+        @precondition(lambda self: self.policy is not None)
+        @rule(key=keys_st)
+        def out_of_contract(self, key: BlockKey) -> None:
+            """Touching an absent key or re-inserting a resident one must not corrupt the policy."""
+            assert self.policy is not None
+            if key in self.model:
+                self.policy.insert(key, BlockInfo(depth=1))
+            else:
+                self.policy.touch(key)
+                self.policy.touch_many([key])
+
         def _evict_checked(self, n: int, protected: set[BlockKey], incoming: BlockKey | None) -> None:
             p = self.policy
             assert p is not None

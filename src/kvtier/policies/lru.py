@@ -72,7 +72,10 @@ class LRUPolicy(QuotaAwarePolicy):
             return
         move = self._order.move_to_end
         for key in keys:
-            move(key)
+            try:
+                move(key)
+            except KeyError:
+                continue  # not resident: out of contract, ignored like touch()
 
     def insert_many(self, keys: Iterable[BlockKey], infos: Iterable[BlockInfo | None] | None = None) -> None:
         if self._quota is not None:

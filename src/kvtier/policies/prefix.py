@@ -184,8 +184,8 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
                 self._score(child, entries[child])
 
     def _touch(self, key: BlockKey) -> None:
-        self._clock += 1
         entry = self._entries[key]
+        self._clock += 1
         self._observe_gap(self._clock - entry.last)
         entry.uses += 1
         entry.last = self._clock

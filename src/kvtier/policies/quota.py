@@ -98,6 +98,10 @@ class TenantQuota:
 class QuotaAwarePolicy(CachePolicy):
     """Base of the built-in policies: public methods wrap private hooks and apply tenant quotas.
 
+    Out-of-contract calls are tolerated rather than trusted: ``touch`` of an absent key is ignored
+    (``_touch`` must raise ``KeyError`` for it before changing anything that matters) and ``insert``
+    of a resident key counts as a touch.
+
     Subclasses implement ``_insert``, ``_touch``, ``_remove`` (drop a resident key, no ghost entry)
     and ``_evict`` (the policy's own atomic choice, same contract as :meth:`CachePolicy.evict`), plus
     ``__len__``/``__contains__``/``__iter__``. They must not call the public methods internally.
@@ -124,12 +128,20 @@ class QuotaAwarePolicy(CachePolicy):
     ) -> list[BlockKey]: ...
 
     def insert(self, key: BlockKey, info: BlockInfo | None = None) -> None:
+        if key in self:
+            # Out of contract (the owner inserts absent keys only); a cache must not corrupt itself
+            # or crash its caller over it, so a repeated insert counts as a hit.
+            self.touch(key)
+            return
         self._insert(key, info)
         if self._quota is not None:
             self._quota.on_insert(key, info)
 
     def touch(self, key: BlockKey) -> None:
-        self._touch(key)
+        try:
+            self._touch(key)
+        except KeyError:
+            return  # out of contract (not resident): ignored, a cache never crashes its caller
         if self._quota is not None:
             self._quota.on_touch(key)
 

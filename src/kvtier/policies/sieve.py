@@ -104,4 +104,6 @@ class SIEVEPolicy(QuotaAwarePolicy):
             return
         nodes = self._nodes
         for key in keys:
-            nodes[key].visited = True
+            node = nodes.get(key)
+            if node is not None:
+                node.visited = True
