@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -272,3 +273,59 @@ class TierContractTests:
             assert primary.block(7).tobytes() == written[0]
         finally:
             again.shutdown()
+
+    def test_touch_of_any_key_is_harmless(self, tier: SecondaryTier, primary: PrimaryBuffer) -> None:
+        """``touch`` is a hint: unknown keys are ignored, held keys stay held."""
+        primary.fill_random([0], seed=13)
+        k = self.key("touched")
+        assert self.store(tier, [k], [0]).success
+        tier.touch([self.key("unknown"), k])
+        assert self.settled_lookup(tier, k) is LookupResult.HIT
+
+    def test_off_thread_polling(self, tier: SecondaryTier, primary: PrimaryBuffer) -> None:
+        """A tier with ``tolerates_off_thread_polling`` reports jobs exactly once to a poller thread."""
+        if not type(tier).tolerates_off_thread_polling:
+            pytest.skip("tier does not tolerate off-thread polling")
+        n = min(8, primary.num_slots)
+        primary.fill_random(range(n), seed=14)
+        jobs = [self.job([self.key(f"ot{i}")], [i]) for i in range(n)]
+        seen: list[int] = []
+        errors: list[BaseException] = []
+
+        def poll() -> None:
+            try:
+                deadline = time.monotonic() + self.job_timeout
+                while len(seen) < len(jobs) and time.monotonic() < deadline:
+                    seen.extend(r.job_id for r in tier.get_finished_jobs())
+                    time.sleep(0.001)
+            except BaseException as exc:  # surfaced in the main thread below
+                errors.append(exc)
+
+        poller = threading.Thread(target=poll, name="kvtier-contract-poller")
+        poller.start()
+        for job in jobs:
+            tier.submit_store(job)
+        poller.join(self.job_timeout + 5)
+        assert not errors, errors
+        assert sorted(seen) == sorted(j.job_id for j in jobs), "each job must be reported exactly once"
+
+    def test_shared_tier_is_visible_to_another_instance(
+        self, tier: SecondaryTier, primary: PrimaryBuffer, workdir: Path
+    ) -> None:
+        """A ``shared`` tier's blocks become visible (eventually) to another instance on the same
+        ``workdir``, byte for byte."""
+        if not type(tier).shared:
+            pytest.skip("tier is not shared")
+        written = primary.fill_random([0], seed=15)
+        k = self.key("shared")
+        assert self.store(tier, [k], [0]).success
+        other = self.make_tier(primary, workdir)
+        try:
+            deadline = time.monotonic() + self.job_timeout
+            while other.lookup(k) is not LookupResult.HIT and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert other.lookup(k) is LookupResult.HIT
+            assert self.load(other, [k], [9]).success
+            assert primary.block(9).tobytes() == written[0]
+        finally:
+            other.shutdown()
