@@ -286,3 +286,27 @@ def test_check_invalid_json_string_and_missing_file(tmp_path: Path) -> None:
     proc = run_cli("check", str(tmp_path / "absent.yaml"))
     assert proc.returncode == 2 and "cannot read config file" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+def test_verbose_logs_each_plugin_load(tmp_path: Path, plugin_module: tuple[Path, str]) -> None:
+    site, module = plugin_module
+    cfg = tmp_path / "kvtier.json"
+    cfg.write_text(json.dumps(out_of_tree_config(module)))
+    proc = run_cli("-v", "check", str(cfg), pythonpath=site)
+    assert proc.returncode == 0, proc.stderr
+    infos = [line for line in proc.stderr.splitlines() if line.startswith("INFO kvtier.plugins")]
+    # spec, policy and two tiers: one INFO line per out-of-tree load, naming plug-in and module.
+    assert len(infos) == 4, proc.stderr
+    assert any("'DictTier'" in line and module in line for line in infos)
+    assert any("'OtherTier'" in line for line in infos)
+
+
+def test_every_listed_command_module_has_the_command_interface() -> None:
+    import importlib
+
+    assert cli_main.COMMANDS[:2] == ["plugins", "check"]
+    for name in ("plugins", "check"):
+        module = importlib.import_module(f"kvtier.cli.{name}")
+        assert callable(module.add_parser) and callable(module.run)
+    help_text = cli_main.build_parser().format_help()
+    assert "plugins" in help_text and "check" in help_text
