@@ -81,3 +81,19 @@ def test_exporter_from_config_and_busy_port() -> None:
         assert exp2 is not None
         exp2.close()
         exp2.close()
+
+
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    with start_exporter(_stats) as exp:
+        exported = {re.sub(r"\{.*", "", k) for k in _scrape(exp.url)}
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bkvtier_[a-z_]+", e)}
+    assert used, "dashboard has no kvtier queries"
+    assert used <= exported, f"dashboard queries metrics nobody exports: {sorted(used - exported)}"
+    # Every exported family is on the dashboard somewhere.
+    assert {m.removesuffix("_total") for m in exported} <= {m.removesuffix("_total") for m in used}

@@ -37,7 +37,11 @@ def _shipped() -> tuple[list[TraceRequest], PreparedTrace]:
 
 
 def lru_engine_oracle(requests: Sequence[Sequence[int]], capacity: int) -> int:
-    """Hits of LRU when each request looks up all its blocks, then inserts its misses."""
+    """Hits of LRU when each request looks up all its blocks, then stores its misses as one batch.
+
+    A batch larger than the cache keeps its first ``capacity`` blocks (the head of the prefix chain)
+    and drops the rest: blocks being written are never evicted to make room for their own batch.
+    """
     cache_: OrderedDict[int, None] = OrderedDict()
     hits = 0
     for blocks in requests:
@@ -48,9 +52,10 @@ def lru_engine_oracle(requests: Sequence[Sequence[int]], capacity: int) -> int:
                 cache_.move_to_end(b)
             else:
                 misses.append(b)
-        for b in dict.fromkeys(misses):
-            if len(cache_) >= capacity:
-                cache_.popitem(last=False)
+        batch = list(dict.fromkeys(misses))[:capacity]
+        while cache_ and len(cache_) + len(batch) > capacity:
+            cache_.popitem(last=False)
+        for b in batch:
             cache_[b] = None
     return hits
 
@@ -136,6 +141,8 @@ def test_simulate_equals_oracle_on_random_chained_traces(convs: list[tuple[int, 
     report = replay(trace, capacity_config(SIM, capacity, "lru"), simulate=True)
     assert report.block_hits == lru_engine_oracle([r.blocks for r in reqs], capacity)
     assert report.prefix_hits <= report.block_hits
+    if capacity >= max(len(r.blocks) for r in reqs):
+        assert report.tiers[0].dropped_stores == 0
 
 
 @pytest.mark.parametrize("policy", ["arc", "s3fifo", "sieve", "prefix"])

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['store']:.2f}" if r else "-",
                 f"{r['load']:.2f}" if r else "-",
             )
-        Console().print(table)
+        Console(width=None if sys.stdout.isatty() else 120).print(table)
     if bad:
         print(f"VerifyError: tier(s) {', '.join(bad)} returned wrong bytes", file=sys.stderr)
         return 1

@@ -91,7 +91,7 @@ def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
 class _Progress:
     """A rich progress bar on stderr, or nothing."""
 
-    def __init__(self, enabled: bool, total: int, label: str) -> None:
+    def __init__(self, enabled: bool, total: int, label: str, force: bool = False) -> None:
         self._bar: Any = None
         if not enabled:
             return
@@ -103,7 +103,8 @@ class _Progress:
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            # --progress asks for the bar even when stderr is not a terminal (logs, CI, tests).
+            console=Console(stderr=True, force_terminal=force or None),
             transient=True,
         )
         self._bar.start()
@@ -162,7 +163,8 @@ def _run(args: argparse.Namespace) -> int:
             config = capacity_config(config, cap.blocks)
         if policies:
             config = dataclasses.replace(config, eviction_policy=policies[0], cache_policy_module_path=None)
-        bar = _Progress(show_progress, trace.requests, "replay (simulate)" if args.simulate else "replay")
+        label = "replay (simulate)" if args.simulate else "replay"
+        bar = _Progress(show_progress, trace.requests, label, force=args.progress is True)
         try:
             report = replay(
                 trace,
@@ -185,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
 
             from kvtier.sim.report import render_report
 
-            render_report(report, Console())
+            render_report(report, Console(width=None if sys.stdout.isatty() else 120))
         return 1 if report.verify_mismatches else 0
 
 
@@ -196,7 +198,7 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
 
     caps = parse_capacities(args.capacity or DEFAULT_SWEEP_CAPACITIES, trace.unique_blocks, config.row_stride)
     pols = policies or DEFAULT_SWEEP_POLICIES.split(",")
-    bar = _Progress(show, 1, "sweep")
+    bar = _Progress(show, 1, "sweep", force=args.progress is True)
     try:
         result = sweep(
             trace,
@@ -222,7 +224,7 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
     else:
         from rich.console import Console
 
-        console = Console()
+        console = Console(width=None if sys.stdout.isatty() else 120)
         render_sweep(result.rows(), console)
         if args.plot:
             console.print(f"plot written to {args.plot}")
