@@ -21,7 +21,7 @@ def _chain(p: PrefixAwarePolicy, ids: list[int]) -> None:
 
 def _warm(p: PrefixAwarePolicy) -> PrefixAwarePolicy:
     """Give the policy a settled reuse curve (a fresh one drifts while its first counts come in)."""
-    p._reach = [0, 10_000, 3_000, 1_500, 900, 600, 400, 300, 250, 2_000]
+    p._reach = [[0, 10_000, 3_000, 1_500, 900, 600, 400, 300, 250, 2_000] for _ in range(4)]
     p._refresh()
     return p
 
@@ -66,7 +66,7 @@ def test_frequent_blocks_are_kept_over_recent_one_offs() -> None:
             p.insert(key)
     assert p.reuse_probability(3) > p.reuse_probability(1)
     q = PrefixAwarePolicy(3, horizon=100.0)
-    q._reach = p._reach[:]  # same learned curve
+    q._reach = [row[:] for row in p._reach]  # same learned curve
     q._refresh()
     q.insert(k(1))
     for _ in range(5):

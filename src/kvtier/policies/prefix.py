@@ -11,15 +11,17 @@ knows and a generic cache does not:
   is not resident (stranded: unusable as a prefix hit until the parent returns) go first.
 * **Sharing frequency**: every access of a block counts, so a system-prompt block shared by many
   conversations carries the count of all of them.
-* **A learned reuse curve**: the policy measures online, for each use count ``k`` (capped at 8),
-  the fraction of blocks seen ``k`` times that are seen again (``P(reuse | k)``). In conversation
-  traces this climbs steeply (about 0.24, 0.42, 0.50, 0.58, ... 0.88) -- the strongest signal there is.
+* **A learned reuse curve**: the policy measures online, for each use count ``k`` (capped at 8) and
+  each depth class (root, 1-3, 4-15, 16+), the fraction of blocks seen ``k`` times that are seen
+  again (``P(reuse | k, depth)``). In conversation traces it climbs steeply with ``k`` (about 0.24,
+  0.42, 0.50, 0.58, ... 0.88) -- the strongest signal there is -- and falls with depth (early blocks
+  are shared by more conversations than late ones).
 * **Ghost history**: counts and last-use times of recently evicted blocks (``ghost_factor`` x capacity
   entries, keys only) so a block that comes back resumes its count instead of starting over.
 
 Priority of a leaf (lowest is evicted) combines recency and the reuse curve on one time scale::
 
-    priority = last_use + horizon * ln P(reuse | uses)
+    priority = last_use + horizon * ln P(reuse | uses, depth)
 
 i.e. a block seen ``k`` times stays as long as a block seen once that was used ``horizon * ln(P(k) /
 P(1))`` accesses more recently. ``horizon`` (in block accesses) defaults to the running mean reuse
@@ -51,6 +53,11 @@ __all__ = ["PrefixAwarePolicy"]
 _MAX_CLASS = 8  # use counts above this share one reuse estimate
 _REFRESH = 256  # uses between refreshes of the cached curve
 _STRANDED = -math.inf
+
+
+def _depth_bucket(depth: int) -> int:
+    """Chain position class: the root, blocks 1-3, 4-15, 16 and deeper."""
+    return 0 if depth <= 0 else 1 if depth < 4 else 2 if depth < 16 else 3
 
 
 class _Entry:
@@ -91,13 +98,13 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._seq = 0
         self._clock = 0
         self._ghost: OrderedDict[BlockKey, tuple[int, int]] = OrderedDict()  # key -> (uses, last)
-        # reach[k]: blocks that reached k uses (k < _MAX_CLASS); for the top class, accesses made
-        # at >= _MAX_CLASS uses and how many of those were followed by another access.
-        self._reach = [0] * (_MAX_CLASS + 2)
+        # reach[b][k]: blocks of depth class b that reached k uses (k < _MAX_CLASS); for the top
+        # class, accesses made at >= _MAX_CLASS uses and how many were followed by another one.
+        self._reach = [[0] * (_MAX_CLASS + 2) for _ in range(4)]
         self._gap_mean = float(max(self.capacity, 16))  # adaptive horizon: mean reuse distance
         # Cached ln P(reuse | k) and horizon, refreshed every _REFRESH uses: scoring is on the hot
         # path, and the curve moves slowly once a few thousand accesses have been seen.
-        self._logp = [0.0] * (_MAX_CLASS + 1)
+        self._logp = [[0.0] * (_MAX_CLASS + 1) for _ in range(4)]
         self._horizon_now = 0.0
         self._until_refresh = 0
         self._refresh()
@@ -122,22 +129,26 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         # (1.0 under-weights frequency in small caches, 2.0 over-weights it in large ones).
         return 1.5 * self._gap_mean
 
-    def reuse_probability(self, uses: int) -> float:
-        """The learned ``P(reuse | uses)`` (Laplace-smoothed)."""
+    def reuse_probability(self, uses: int, depth: int = 0) -> float:
+        """The learned ``P(reuse | uses, depth class)`` (Laplace-smoothed)."""
         k = min(max(uses, 1), _MAX_CLASS)
-        return (self._reach[k + 1] + 1) / (self._reach[k] + 2)
+        reach = self._reach[_depth_bucket(depth)]
+        return (reach[k + 1] + 1) / (reach[k] + 2)
 
     # ------------------------------------------------------------------------------- internals
     def _refresh(self) -> None:
-        reach = self._reach
-        self._logp = [0.0] + [math.log((reach[k + 1] + 1) / (reach[k] + 2)) for k in range(1, _MAX_CLASS + 1)]
+        self._logp = [
+            [0.0] + [math.log((reach[k + 1] + 1) / (reach[k] + 2)) for k in range(1, _MAX_CLASS + 1)]
+            for reach in self._reach
+        ]
         self._horizon_now = self.horizon
         self._until_refresh = _REFRESH
 
-    def _count_use(self, uses: int) -> None:
-        self._reach[min(uses, _MAX_CLASS)] += 1
+    def _count_use(self, uses: int, bucket: int) -> None:
+        reach = self._reach[bucket]
+        reach[min(uses, _MAX_CLASS)] += 1
         if uses > _MAX_CLASS:
-            self._reach[_MAX_CLASS + 1] += 1
+            reach[_MAX_CLASS + 1] += 1
         self._until_refresh -= 1
         if self._until_refresh <= 0:
             self._refresh()
@@ -152,7 +163,9 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         else:
             uses = entry.uses
             entry.prio = (
-                entry.last + self._horizon_now * self._logp[uses if uses < _MAX_CLASS else _MAX_CLASS]
+                entry.last
+                + self._horizon_now
+                * self._logp[_depth_bucket(entry.depth)][uses if uses < _MAX_CLASS else _MAX_CLASS]
             )
         if not self._kids.get(key):
             self._seq += 1
@@ -166,8 +179,8 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         if past is not None:
             uses = past[0] + 1
             self._observe_gap(self._clock - past[1])
-        self._count_use(uses)
         entry = _Entry(parent, info.depth if info is not None else 0, uses, self._clock)
+        self._count_use(uses, _depth_bucket(entry.depth))
         self._entries[key] = entry
         if parent is not None:
             self._kids.setdefault(parent, set()).add(key)
@@ -189,7 +202,7 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._observe_gap(self._clock - entry.last)
         entry.uses += 1
         entry.last = self._clock
-        self._count_use(entry.uses)
+        self._count_use(entry.uses, _depth_bucket(entry.depth))
         self._score(key, entry)
 
     def _drop(self, key: BlockKey) -> _Entry:
