@@ -148,7 +148,9 @@ def create_tier(
 
     ``type`` and ``module_path`` select the class (never passed on), ``name`` names the instance,
     every other key becomes a constructor keyword argument next to ``primary_kv_view`` and
-    ``context``. Without ``context`` one is derived (``block_bytes`` = the full row).
+    ``context``. Without ``context`` one is derived (``block_bytes`` = the full row). ``plugins`` is
+    the config's trust boundary for ``module_path``; ``None`` means no restriction (pass
+    ``config.plugins`` whenever the tier config comes from a file).
 
     Raises:
         ConfigError: an option the constructor does not accept (``secondary_tiers[i].<key>``), a
