@@ -25,7 +25,6 @@ import errno
 import functools
 import itertools
 import logging
-import mmap
 import os
 import threading
 import time
@@ -42,6 +41,7 @@ from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
+from kvtier.tiers.fs_io import read_block, write_block
 from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout, probe_direct_io
 from kvtier.tiers.fs_policy import make_policy
 from kvtier.tiers.fs_pool import PRIO_LOAD, PRIO_STORE, IoPool, RateLimitedLog
@@ -50,9 +50,9 @@ from kvtier.tiers.fs_scan import IndexSync
 __all__ = ["FsTier"]
 
 log = logging.getLogger("kvtier.tiers.fs")
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 _VERIFY = ("always", "never")
 _DIRECT = ("auto", "always", "never")
+_ACCESS_GRANULARITY = 60.0  # seconds between two mtime refreshes of one block on load
 
 
 @dataclass
@@ -79,7 +79,8 @@ class FsTier(IndexSync, SecondaryTier):
             is aligned), ``"always"`` (error if unsupported) or ``"never"``.
         threads: I/O worker threads. batch_blocks: blocks per worker task.
         full_backoff: seconds stores are dropped after ``ENOSPC``.
-        record_access: refresh a file's mtime when it is loaded (restart keeps the access order).
+        record_access: refresh a file's mtime when it is loaded, at most once a minute (restart
+            keeps the access order).
         log_interval: seconds between two log lines of the same kind.
         refresh_interval: seconds between two checks for other processes' stores and evictions.
     """
@@ -102,7 +103,7 @@ class FsTier(IndexSync, SecondaryTier):
         fsync: bool = False,
         direct_io: str | bool = "auto",
         threads: int = 4,
-        batch_blocks: int = 8,
+        batch_blocks: int = 4,
         full_backoff: float = 1.0,
         record_access: bool = True,
         log_interval: float = 10.0,
@@ -167,7 +168,6 @@ class FsTier(IndexSync, SecondaryTier):
         self._dirs_made: set[str] = set()
         self._full_until = 0.0
         self._closed = False
-        self._tls = threading.local()
         # Warm restart state: top-level shards already scanned (lookups there are authoritative).
         self._top_done = bytearray(256)
         # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
@@ -421,40 +421,14 @@ class FsTier(IndexSync, SecondaryTier):
         if not self._scan_done:
             self._tombstones.add(key)
 
-    def _header_buffer(self, head: bytes) -> memoryview:
-        """Page-aligned copy of ``head`` (O_DIRECT needs aligned memory), one per worker thread."""
-        buf: mmap.mmap | None = getattr(self._tls, "hbuf", None)
-        if buf is None or len(buf) < len(head):
-            buf = mmap.mmap(-1, max(HEADER_ALIGN, len(head)))
-            self._tls.hbuf = buf
-        buf[: len(head)] = head
-        return memoryview(buf)[: len(head)]
-
     def _write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
         payload = self.slot_array(slot)
-        head = codec.encode_header(
-            key, self.block_bytes, codec.payload_checksum(key, self.layout.ns_tag, payload.data),
-            self.layout.ns_tag, HEADER_ALIGN,
-        )  # fmt: skip
         direct = (
             self.direct_io
             and payload.ctypes.data % HEADER_ALIGN == 0
             and self.block_bytes % HEADER_ALIGN == 0
         )
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(tmp, flags | (_O_DIRECT if direct else 0), 0o600)
-        try:
-            parts = [self._header_buffer(head) if direct else head, payload.data]
-            want = len(head) + self.block_bytes
-            done = os.pwritev(fd, parts, 0)
-            if done != want:  # short write: finish it plainly (rare; not on regular files)
-                whole = head + payload.tobytes()
-                while done < want:
-                    done += os.pwrite(fd, whole[done:], done)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_block(tmp, key, payload.data, self.layout.ns_tag, direct=direct, fsync=self.fsync)
 
     def _publish(self, written: list[tuple[BlockKey, str, str, int]]) -> list[BlockKey]:
         for _, _, final, _ in written:
@@ -525,43 +499,23 @@ class FsTier(IndexSync, SecondaryTier):
     def _load_one(self, key: BlockKey, slot: int) -> str | None:
         """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
         path = self.layout.path_of(key)
-        hlen = codec.header_size(len(key), HEADER_ALIGN)
-        payload = self.rows[slot, : self.block_bytes]
-        head = bytearray(hlen)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            read_block(path, key, self.slot_array(slot).data, self.layout.ns_tag, verify=self.verify)
         except FileNotFoundError:
             self._drop_stale(key)
             return "missing"
-        except OSError as exc:
-            self._rlog.warning("read", f"kvtier fs {self.name}: cannot open {path}: {exc}")
-            return f"read error: {exc.strerror or exc}"
-        try:
-            size = os.fstat(fd).st_size
-            got = os.preadv(fd, [head, payload.data], 0)
-            if size != hlen + self.block_bytes or got != size:
-                raise codec.CorruptBlockError(
-                    "length", f"file is {size} bytes, expected {hlen + self.block_bytes}"
-                )
-            header = codec.parse_header(
-                head, expected_key=key, ns_tag=self.layout.ns_tag, payload_len=self.block_bytes
-            )
-            if header.header_len != hlen:
-                raise codec.CorruptBlockError("header", f"header length {header.header_len}, expected {hlen}")
-            if self.verify:
-                codec.verify_payload(header, payload.data)
-            if self.record_access:
-                with contextlib.suppress(OSError):
-                    os.utime(fd)
-            return None
         except codec.CorruptBlockError as exc:
             self._drop_corrupt(key, path, exc.reason)
             return f"corrupt: {exc.reason}"
         except OSError as exc:
             self._rlog.warning("read", f"kvtier fs {self.name}: read failed for {path}: {exc}")
             return f"read error: {exc.strerror or exc}"
-        finally:
-            os.close(fd)
+        # The access order survives a restart through mtime. Refreshing it costs an inode write,
+        # so it is done at most once a minute per block (restart order is that coarse anyway).
+        if self.record_access and time.time() - self._access.get(key, 0.0) > _ACCESS_GRANULARITY:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        return None
 
     def _drop_stale(self, key: BlockKey) -> None:
         # Another process evicted it (or someone deleted it): forget it; nothing to account.

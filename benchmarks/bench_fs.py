@@ -1,0 +1,207 @@
+"""fs tier throughput through the engine, next to a raw loop doing the same file I/O, same run.
+
+For each block size (default 1 MiB and 4 MiB, 64 blocks each):
+
+* **tier store**: ``Engine.prepare_store`` + copy into the primary slots + ``complete_store``; the
+  timed part is from ``complete_store`` (the write-through store job goes to the fs tier) until
+  ``drain()`` returns: the fs tier's job: checksum, header, temp file, rename, accounting.
+* **tier load**: ``Engine.reset()`` empties the primary tier; ``lookup`` finds every key in the fs
+  tier and promotes them (one batched load job); timed until ``lookup`` answers HIT for all.
+* **raw store / load**: the same bytes written as one file per block (open, write, close) and read
+  back (open, readinto, close) in a sibling directory on the same file system, with a pool of the
+  same number of threads, and the same ``O_DIRECT`` choice the tier made for its writes.
+
+The end-to-end figures (including the engine's copies between the caller's array and the primary
+tier) are printed too, with their own ratios. Each measurement is the best of ``--repeat`` rounds
+(fresh keys each round; tier and raw interleaved). ``--json`` prints ONE JSON object.
+
+vLLM's own ``fs`` tier is compared only when ``import vllm`` works (it is not installed here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from kvtier.engine import Engine
+from kvtier.keys import BlockKey
+from kvtier.tiers.fs import FsTier
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _raw_store(pool: ThreadPoolExecutor, d: str, data: np.ndarray, direct: bool) -> float:
+    # New files each round, as the tier creates new files (overwriting would add truncation work).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if direct else 0)
+
+    def one(i: int) -> None:
+        fd = os.open(os.path.join(d, f"{i}.blk"), flags, 0o600)
+        try:
+            os.write(fd, data[i].data)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    list(pool.map(one, range(len(data))))
+    return time.perf_counter() - t0
+
+
+def _raw_load(pool: ThreadPoolExecutor, d: str, out: np.ndarray) -> float:
+    def one(i: int) -> None:
+        fd = os.open(os.path.join(d, f"{i}.blk"), os.O_RDONLY)
+        try:
+            os.readv(fd, [out[i].data])
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    list(pool.map(one, range(len(out))))
+    return time.perf_counter() - t0
+
+
+def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.ndarray) -> dict[str, float]:
+    n = len(keys)
+    t0 = time.perf_counter()
+    h = eng.prepare_store(keys)
+    rows = eng.primary.rows
+    for i, s in enumerate(h.slot_ids):
+        rows[s, : eng.block_bytes] = data[i]
+    t1 = time.perf_counter()
+    eng.complete_store(h)
+    eng.drain()
+    t2 = time.perf_counter()
+    eng.reset()  # empty the primary tier: every key must come back from the fs tier
+    t3 = time.perf_counter()
+    rep = eng.lookup(keys)
+    while rep.num_hits < n:
+        if rep.num_hits + rep.pending < n and not rep.codes.count(3):
+            raise RuntimeError(f"fs tier lost blocks: {rep.codes.count(0)} of {n} missed")
+        eng.poll()
+        time.sleep(0.0002)
+        rep = eng.lookup(keys)
+    t4 = time.perf_counter()
+    got = eng.load_blocks(keys, out)
+    t5 = time.perf_counter()
+    if got != n or not np.array_equal(out[0], data[0]) or not np.array_equal(out[-1], data[-1]):
+        raise RuntimeError("fs tier returned wrong bytes")
+    eng.reset()
+    return {"store": t2 - t1, "store_e2e": t2 - t0, "load": t4 - t3, "load_e2e": t5 - t3}
+
+
+def bench_size(root: str, block_bytes: int, blocks: int, threads: int, repeat: int) -> dict[str, Any]:
+    row = -(-block_bytes // 4096) * 4096
+    cfg = {
+        "block_bytes": block_bytes,
+        "cpu_bytes_to_use": row * blocks,
+        "model": f"bench-fs-{block_bytes}",
+        "secondary_tiers": [{"type": "fs", "root_dir": root, "threads": threads}],
+    }
+    rng = np.random.default_rng(block_bytes)
+    # Page-aligned like the primary buffer, so the raw loop may use O_DIRECT exactly as the tier does.
+    data = np.frombuffer(mmap.mmap(-1, blocks * block_bytes), np.uint8).reshape(blocks, block_bytes)
+    data[:] = rng.integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
+    out = np.zeros_like(data)
+    raw_dir = os.path.join(root, f"raw-{block_bytes}")
+    os.makedirs(raw_dir, exist_ok=True)
+    best: dict[str, float] = {}
+    with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
+        fs = eng.tiers[0]
+        assert isinstance(fs, FsTier)
+        direct = fs.direct_io
+        for r in range(repeat):
+            keys = [BlockKey(f"bench/{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]
+            tier = _tier_round(eng, keys, data, out)
+            rd = os.path.join(raw_dir, str(r))
+            os.mkdir(rd)
+            raw = {"raw_store": _raw_store(pool, rd, data, direct)}
+            out[:] = 0
+            raw["raw_load"] = _raw_load(pool, rd, out)
+            if not np.array_equal(out, data):
+                raise RuntimeError("raw loop read back wrong bytes")
+            for k, v in {**tier, **raw}.items():
+                best[k] = min(best.get(k, float("inf")), v)
+        stats = fs.get_stats()
+    mb = blocks * block_bytes / 1e6
+    tput = {k: mb / v for k, v in best.items()}  # MB/s
+    return {
+        "block_bytes": block_bytes,
+        "blocks": blocks,
+        "threads": threads,
+        "direct_io": direct,
+        "MBps": {k: round(v, 1) for k, v in tput.items()},
+        "ratio_store": tput["store"] / tput["raw_store"],
+        "ratio_load": tput["load"] / tput["raw_load"],
+        "ratio_store_e2e": tput["store_e2e"] / tput["raw_store"],
+        "ratio_load_e2e": tput["load_e2e"] / tput["raw_load"],
+        "corrupt": stats["corrupt"],
+        "failed_jobs": stats["failed_jobs"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--sizes", default="1MiB,4MiB", help="comma-separated block sizes")
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--dir", default=None, help="parent directory of the scratch root (default: system temp)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    from kvtier.config import parse_size
+
+    sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",") if s.strip()]
+    root = tempfile.mkdtemp(prefix="kvtier-bench-fs-", dir=args.dir)
+    t0 = time.perf_counter()
+    try:
+        results = [bench_size(root, s, args.blocks, args.threads, args.repeat) for s in sizes]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    vllm_note = "vllm not importable: vLLM fs-tier comparison skipped"
+    with contextlib.suppress(ImportError):
+        import vllm  # noqa: F401
+
+        vllm_note = "vllm importable but the comparison is not implemented in this version"
+    ratios: dict[str, float] = {}
+    for r in results:
+        tag = f"{r['block_bytes'] >> 20}MiB" if r["block_bytes"] % (1 << 20) == 0 else str(r["block_bytes"])
+        for k in ("store", "load", "store_e2e", "load_e2e"):
+            ratios[f"{k}_{tag}"] = round(r[f"ratio_{k}"], 3)
+    doc = {
+        "benchmark": "bench_fs",
+        "reference": "raw loop: one file per block, same bytes, same file system, same thread count",
+        "ratios": ratios,
+        "results": results,
+        "vllm": vllm_note,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for r in results:
+            m = r["MBps"]
+            print(f"{r['block_bytes'] >> 10:>6} KiB x {r['blocks']}  threads={r['threads']} "
+                  f"direct_io={r['direct_io']}")  # fmt: skip
+            for op in ("store", "load"):
+                print(
+                    f"  {op:<6} tier {m[op]:8.0f} MB/s  raw {m['raw_' + op]:8.0f} MB/s  "
+                    f"ratio {r['ratio_' + op]:.2f}   (e2e {m[op + '_e2e']:.0f} MB/s, "
+                    f"ratio {r['ratio_' + op + '_e2e']:.2f})"
+                )
+        print(vllm_note)
+        print(f"done in {doc['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
