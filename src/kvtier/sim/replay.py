@@ -43,8 +43,7 @@ ProgressFn = Callable[[int, int], None]
 #: metrics exporter (``None`` without a metrics port), for tests and live inspection.
 HookFn = Callable[[Any, int, Any], None]
 
-_HIT = LookupResult.HIT
-_PENDING = LookupResult.HIT_PENDING
+_CODE = {LookupResult.MISS: 0, LookupResult.HIT: 1, LookupResult.HIT_PENDING: 2, LookupResult.RETRY: 3}
 _PROGRESS_EVERY = 256
 #: Real mode never lets more store jobs than this be in flight (see ``replay``).
 _MAX_INFLIGHT_JOBS = 8
@@ -313,23 +312,26 @@ class _Cost:
         }
 
 
-def _prefix_split(
-    results: Sequence[LookupResult], n: int, last: int, tpb: int
-) -> tuple[int, int, int, int, int]:
+def _codes(rep: Any) -> bytes:
+    """Per-key outcome codes of a lookup report (0 MISS, 1 HIT, 2 HIT_PENDING, 3 RETRY)."""
+    codes = getattr(rep, "codes", None)
+    if isinstance(codes, bytes | bytearray):
+        return bytes(codes)
+    return bytes(_CODE[r] for r in rep.results)
+
+
+def _prefix_split(codes: bytes, n: int, last: int, tpb: int) -> tuple[int, int, int, int, int]:
     """(prefix length, primary blocks, primary tokens, pending blocks, pending tokens) of the leading run."""
-    prim = pend = 0
-    i = 0
-    for r in results:
-        if r is _HIT:
-            prim += 1
-        elif r is _PENDING:
-            pend += 1
-        else:
-            break
-        i += 1
+    miss = codes.find(0)
+    retry = codes.find(3)
+    i = n if miss < 0 else miss
+    if 0 <= retry < i:
+        i = retry
+    prim = codes.count(1, 0, i)
+    pend = i - prim
     # Only the request's last block can be partial; it is in the prefix only if every block hit.
     short = tpb - last if i == n else 0
-    last_is_pending = i == n and results[n - 1] is _PENDING
+    last_is_pending = i == n and codes[n - 1] == 2
     prim_tok = prim * tpb - (0 if last_is_pending else short)
     pend_tok = pend * tpb - (short if last_is_pending else 0)
     return i, prim, prim_tok, pend, pend_tok
@@ -353,14 +355,11 @@ def _attribute(pend: int, pend_tok: int, deltas: list[int], names: list[str]) ->
     return out
 
 
-def _count_hits(report: ReplayReport, results: Sequence[LookupResult], n: int, last: int, tpb: int) -> int:
-    hits = 0
-    for r in results:
-        if r is _HIT or r is _PENDING:
-            hits += 1
+def _count_hits(report: ReplayReport, codes: bytes, n: int, last: int, tpb: int) -> int:
+    hits = codes.count(1) + codes.count(2)
     report.block_hits += hits
     if hits:
-        last_hit = results[n - 1] is _HIT or results[n - 1] is _PENDING
+        last_hit = codes[n - 1] == 1 or codes[n - 1] == 2
         report.token_hits += hits * tpb - ((tpb - last) if last_hit else 0)
     return hits
 
@@ -385,7 +384,6 @@ def _run_simulate(
     total = trace.requests
     no_ctx = ctx_cls()
     ctx_of: dict[str | None, Any] = {None: no_ctx}
-    miss_r = LookupResult.MISS
     for i, (keys, infos, last, ts, tenant) in enumerate(
         zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
     ):
@@ -397,16 +395,16 @@ def _run_simulate(
         if ctx is None:
             ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
         before = [t.stats.hits for t in tiers] if tiers else None
-        results = lookup(keys, ctx).results
-        hits = _count_hits(report, results, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(results, n, last, tpb)
+        codes = _codes(lookup(keys, ctx))
+        hits = _count_hits(report, codes, n, last, tpb)
+        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
         report.prefix_hits += plen
         report.prefix_token_hits += prim_tok + pend_tok
         deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)] if before is not None else []
         cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
         if hits < n:
             if hits:
-                idx = [j for j, r in enumerate(results) if r is miss_r or r is LookupResult.RETRY]
+                idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
                 mk = [keys[j] for j in idx]
                 mi = [infos[j] for j in idx]
             else:
@@ -466,15 +464,15 @@ def _run_real(
         rep = engine.lookup(keys, ctx)
         t1 = clock()
         lat_lookup.append(t1 - t0)
-        results = rep.results
-        _count_hits(report, results, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(results, n, last, tpb)
+        codes = _codes(rep)
+        _count_hits(report, codes, n, last, tpb)
+        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
         report.prefix_hits += plen
         report.prefix_token_hits += prim_tok + pend_tok
         deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
         cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
 
-        hit_idx = [j for j, r in enumerate(results) if r is _HIT or r is _PENDING]
+        hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
         if hit_idx:
             t2 = clock()
             if rep.pending:
