@@ -96,3 +96,12 @@ def test_stranded_blocks_go_first_and_recover_when_the_parent_returns() -> None:
     p.remove(k(0))
     p.insert(k(0), BlockInfo(depth=0))  # the head comes back: 1 is reachable again
     assert p.evict(2) == [k(10), k(11)]
+
+
+def test_heap_stays_bounded_under_hits_only() -> None:
+    p = PrefixAwarePolicy(10)
+    _chain(p, list(range(5)))
+    for _ in range(10_000):
+        p.touch(k(4))
+    assert len(p._heap) <= 4 * len(p) + 64 + 1
+    assert p.evict(1) == [k(4)]  # the only leaf, however hot: a chain is trimmed from its tail

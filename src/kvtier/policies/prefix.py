@@ -204,6 +204,8 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         entry.last = self._clock
         self._count_use(entry.uses, _depth_bucket(entry.depth))
         self._score(key, entry)
+        if len(self._heap) > 4 * len(self._entries) + 64:
+            self._compact()  # hits alone (no evictions) must not grow the lazy heap without bound
 
     def _drop(self, key: BlockKey) -> _Entry:
         entry = self._entries.pop(key)
