@@ -110,27 +110,26 @@ class FsTier(IndexSync, SecondaryTier):
         refresh_interval: float = 0.5,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
-        kp = f"{context.name}"
         if root_dir is None:
-            raise ConfigError(f"{kp}.root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
+            raise ConfigError("root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
         if verify not in _VERIFY:
-            raise ConfigError(f"{kp}.verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
+            raise ConfigError("verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
         if isinstance(direct_io, bool):
             direct_io = "always" if direct_io else "never"
         if direct_io not in _DIRECT:
-            raise ConfigError(f"{kp}.direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
+            raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
         if not isinstance(threads, int) or threads < 1:
-            raise ConfigError(f"{kp}.threads", f"expected an integer >= 1, got {threads!r}")
+            raise ConfigError("threads", f"expected an integer >= 1, got {threads!r}")
         if not isinstance(batch_blocks, int) or batch_blocks < 1:
-            raise ConfigError(f"{kp}.batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
-        self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, f"{kp}.max_bytes")
+            raise ConfigError("batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
+        self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
         self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
         if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
             raise ConfigError(
-                f"{kp}.max_bytes",
+                "max_bytes",
                 f"{self.max_bytes} bytes hold no block file of {self.layout.file_size(32)} bytes; raise it",
             )
-        self.layout.ensure(f"{kp}.root_dir")
+        self.layout.ensure("root_dir")
         self.verify = verify == "always"
         self.fsync = bool(fsync)
         self.threads = threads
@@ -145,7 +144,7 @@ class FsTier(IndexSync, SecondaryTier):
         if direct_io == "always" and not probed:
             self._acct.close()
             raise ConfigError(
-                f"{kp}.direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
+                "direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
             )
         self.direct_io = probed
         # Policy capacity is in blocks; the byte limit is enforced by the accounting, the policy
@@ -153,9 +152,7 @@ class FsTier(IndexSync, SecondaryTier):
         cap = (self.max_bytes // self.layout.block_bytes) + 1 if self.max_bytes else 1 << 40
         self._policy_name = eviction_policy
         self._policy_options = dict(policy_options or {})
-        self._policy: CachePolicy = make_policy(
-            eviction_policy, cap, self._policy_options, f"{kp}.eviction_policy"
-        )
+        self._policy: CachePolicy = make_policy(eviction_policy, cap, self._policy_options)
 
         self._lock = threading.Lock()
         self._index: dict[BlockKey, int] = {}

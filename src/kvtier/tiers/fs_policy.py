@@ -10,22 +10,20 @@ from kvtier.policies.base import CachePolicy
 __all__ = ["make_policy"]
 
 
-def make_policy(name: str, capacity: int, options: dict[str, Any], key_path: str) -> CachePolicy:
+def make_policy(name: str, capacity: int, options: dict[str, Any]) -> CachePolicy:
     """``Policy(capacity, **options)`` for the registered policy ``name`` (``lru``, ``arc``, ...).
 
     Resolution goes through :data:`kvtier.plugins.POLICIES` (built-ins, ``register_policy``, entry
-    points, ``"pkg.mod:Class"``), so any policy the engine can use, the fs tier can use too.
+    points, ``"pkg.mod:Class"``), so any policy the engine can use, the fs tier can use too. Errors
+    are :class:`ConfigError` on the tier's ``eviction_policy`` / ``policy_options`` keys.
     """
     from kvtier.plugins import POLICIES
 
     try:
-        cls = POLICIES.resolve(name, key_path=key_path.rpartition(".")[0])
+        cls = POLICIES.resolve(name)
     except KvtierError as exc:
-        raise ConfigError(key_path, str(exc)) from exc
+        raise ConfigError("eviction_policy", str(exc)) from exc
     try:
         return cls(capacity, **options)
     except TypeError as exc:
-        raise ConfigError(
-            key_path.rpartition(".")[0] + ".policy_options" if key_path else "policy_options",
-            f"policy {name!r} rejected its options: {exc}",
-        ) from exc
+        raise ConfigError("policy_options", f"policy {name!r} rejected its options: {exc}") from exc

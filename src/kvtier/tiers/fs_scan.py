@@ -153,7 +153,7 @@ class IndexSync:
                 # Nobody else wrote while we scanned: the index is the tree. Repair the totals.
                 st.published = sum(self._index.values())
             # Re-order the policy by access time across shards (the scan inserted shard by shard).
-            fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options, "")
+            fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options)
             for k in sorted(self._index, key=lambda k: self._access.get(k, 0.0)):
                 fresh.insert(k)
             self._policy = fresh
