@@ -160,7 +160,7 @@ def create_tier(
     from kvtier.tiers.base import TierContext
 
     tc = _as_tier_config(tier_config)
-    from kvtier.plugins import TIERS
+    from kvtier.plugins import TIERS, trust_boundary
 
     cls = TIERS.resolve(tc.type, tc.module_path, plugins=plugins, key_path=tc.key_path)
     options = {k: v for k, v in tc.options.items() if k not in _TIER_RESERVED}
@@ -175,13 +175,16 @@ def create_tier(
         row = primary_kv_view.shape[1] if primary_kv_view.ndim == 2 and primary_kv_view.shape else 0
         context = TierContext(name=tier_name(tc), block_bytes=row)
     ctx = context
-    return _construct(lambda: cls(primary_kv_view=primary_kv_view, context=ctx, **options), tc.key_path, what)
+    with trust_boundary(plugins):
+        return _construct(
+            lambda: cls(primary_kv_view=primary_kv_view, context=ctx, **options), tc.key_path, what
+        )
 
 
 def create_policy(config: KvtierConfig, capacity: int) -> CachePolicy:
     """The eviction policy ``config`` names (``eviction_policy`` + ``cache_policy_module_path``),
     built as ``Policy(capacity, **config.policy_options)``."""
-    from kvtier.plugins import POLICIES
+    from kvtier.plugins import POLICIES, trust_boundary
 
     cls = POLICIES.resolve(config.eviction_policy, config.cache_policy_module_path, plugins=config.plugins)
     what = f"policy {config.eviction_policy!r} ({_target_of(cls)})"
@@ -189,13 +192,15 @@ def create_policy(config: KvtierConfig, capacity: int) -> CachePolicy:
     if "capacity" in options:
         raise ConfigError("policy_options.capacity", "is supplied by kvtier (from the tier's size)")
     _check_kwargs(cls, options, (), "policy_options", what, positional=1)
-    return _construct(lambda: cls(capacity, **options), "policy_options", what)
+    with trust_boundary(config.plugins):
+        return _construct(lambda: cls(capacity, **options), "policy_options", what)
 
 
 def create_spec(config: KvtierConfig) -> OffloadingSpec:
     """The offloading spec ``config`` names (``spec_name`` + ``spec_module_path``): ``Spec(config)``."""
-    from kvtier.plugins import SPECS
+    from kvtier.plugins import SPECS, trust_boundary
 
     cls = SPECS.resolve(config.spec_name, config.spec_module_path, plugins=config.plugins)
     what = f"spec {config.spec_name!r} ({_target_of(cls)})"
-    return _construct(lambda: cls(config), "spec_name", what)
+    with trust_boundary(config.plugins):
+        return _construct(lambda: cls(config), "spec_name", what)

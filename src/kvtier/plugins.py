@@ -25,13 +25,15 @@ constructor-argument mistakes into :class:`~kvtier.errors.ConfigError` naming th
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import importlib
 import importlib.metadata
 import keyword
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -70,6 +72,7 @@ __all__ = [
     "snapshot_state",
     "tier_contexts",
     "tier_name",
+    "trust_boundary",
 ]
 
 logger = logging.getLogger("kvtier.plugins")
@@ -89,6 +92,29 @@ EXPERIMENTAL_NOTICE = (
 
 _notice_lock = threading.Lock()
 _noticed_kinds: set[str] = set()
+
+# The trust boundary of the config being built. A plug-in's constructor that resolves further
+# plug-ins (the fs tier picks its own eviction policy by name) inherits it without having to be
+# handed the config's ``plugins`` section.
+_active_plugins: contextvars.ContextVar[PluginsConfig | None] = contextvars.ContextVar(
+    "kvtier_active_plugins", default=None
+)
+
+
+@contextlib.contextmanager
+def trust_boundary(plugins: PluginsConfig | None) -> Iterator[None]:
+    """Within this block, :meth:`Registry.resolve` calls without ``plugins`` use ``plugins``.
+
+    The factories enter it while a plug-in is being constructed; it is per thread/context.
+    """
+    if plugins is None:
+        yield
+        return
+    token = _active_plugins.set(plugins)
+    try:
+        yield
+    finally:
+        _active_plugins.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +310,8 @@ class Registry(Generic[T]):
             PluginImportError: the module (or its attribute) cannot be imported.
             PluginTypeError: the object is not a subclass of the kind's base class.
         """
+        if plugins is None:
+            plugins = _active_plugins.get()
         name_key = f"{key_path}.{self.name_key}" if key_path else self.name_key
         module_key = f"{key_path}.{self.module_key}" if key_path else self.module_key
         if ":" in name and module_path is None:

@@ -622,3 +622,34 @@ def test_every_builtin_resolves_to_its_base(kind: str, name: str) -> None:
     if kind == "policy":
         policy = plugins.create_policy(load_config({"eviction_policy": name}), 8)
         assert policy.capacity == 8 and len(policy) == 0
+
+
+NESTED_SRC = """
+from kvtier.plugins import POLICIES
+from kvtier.tiers.example import ExampleTier
+
+
+class PolicyPickingTier(ExampleTier):
+    '''Resolves an eviction policy by name in its constructor, as the fs tier does.'''
+
+    def __init__(self, *, primary_kv_view, context, policy):
+        super().__init__(primary_kv_view=primary_kv_view, context=context)
+        self.policy_cls = POLICIES.resolve(policy)
+"""
+
+
+def test_nested_resolution_inherits_the_trust_boundary(
+    plugdir: Path, tmp_path: Path, view: memoryview
+) -> None:
+    tier_mod = write_module(plugdir, NESTED_SRC, package="kvt_corp_nested")
+    marker = tmp_path / "ran.txt"
+    evil = f"kvt_evil_nested_{uuid.uuid4().hex[:8]}"
+    (plugdir / f"{evil}.py").write_text(EVIL.format(marker=str(marker)) + POLICY_SRC.format(cls="Evil"))
+    cfg = load_config({"plugins": {"allowed_modules": ["kvt_corp_nested"]}})
+    tier_cfg = {"type": "PolicyPickingTier", "module_path": tier_mod, "policy": f"{evil}:Evil"}
+    with pytest.raises(PluginNotAllowedError, match=evil):
+        plugins.create_tier(tier_cfg, primary_kv_view=view, plugins=cfg.plugins)
+    assert evil not in sys.modules and not marker.exists()
+    # The boundary is the config's, not global: outside a factory call nothing is restricted.
+    assert plugins.POLICIES.resolve(f"{evil}:Evil").__name__ == "Evil"
+    assert marker.exists()
