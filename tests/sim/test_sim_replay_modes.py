@@ -57,6 +57,7 @@ def _two_tier(tmp_path: Path, **fs: Any) -> Any:
     raw = default_config(tmp_path / "fs0", block_bytes=2048)
     # Small primary (the fs tier must serve hits), yet larger than the longest request (239 blocks).
     raw["cpu_bytes_to_use"] = 300 * 4096
+    raw["write_policy"] = "write_through"
     raw["secondary_tiers"][0].update(fs)
     return load_config(raw)
 
