@@ -83,12 +83,11 @@ def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.nda
     t2 = time.perf_counter()
     eng.reset()  # empty the primary tier: every key must come back from the fs tier
     t3 = time.perf_counter()
-    rep = eng.lookup(keys)
+    rep = eng.lookup(keys)  # every key HIT_PENDING: one batched promotion job to the fs tier
     while rep.num_hits < n:
         if rep.num_hits + rep.pending < n and not rep.codes.count(3):
             raise RuntimeError(f"fs tier lost blocks: {rep.codes.count(0)} of {n} missed")
-        eng.poll()
-        time.sleep(0.0002)
+        eng.drain()  # blocks until the promotion finished (no busy polling competing for the GIL)
         rep = eng.lookup(keys)
     t4 = time.perf_counter()
     got = eng.load_blocks(keys, out)
