@@ -546,9 +546,10 @@ class FsTier(IndexSync, SecondaryTier):
             return set(self._index)
 
     def get_stats(self) -> dict[str, int]:
-        d = self.stats.as_dict()
-        d["index_blocks"] = len(self._index)
-        d["index_bytes"] = sum(self._index.values())
+        with self._lock:  # workers resize the index concurrently
+            d = self.stats.as_dict()
+            d["index_blocks"] = len(self._index)
+            d["index_bytes"] = sum(self._index.values())
         d["scan_done"] = int(self._scan_done)
         d["scan_files"] = self.scan_files
         return d
