@@ -88,6 +88,18 @@ def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
         yield trace, config
 
 
+@contextlib.contextmanager
+def _status(enabled: bool, force: bool, text: str) -> Iterator[None]:
+    """A spinner on stderr while the trace is read and keyed (a few seconds for the shipped one)."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True, force_terminal=force or None).status(text):
+        yield
+
+
 class _Progress:
     """A rich progress bar on stderr, or nothing."""
 
@@ -149,11 +161,13 @@ def _run(args: argparse.Namespace) -> int:
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
 
     with _resolve(args) as (trace_path, config):
-        requests = read_requests(trace_path, limit=args.limit)
-        if not requests:
-            raise ConfigError("trace", f"{trace_path}: no requests to replay")
-        ns = KeyNamespace.from_config(config, block_size=args.tokens_per_block)
-        trace = prepare_trace(requests, ns, name=trace_path.name, tokens_per_block=args.tokens_per_block)
+        with _status(show_progress, args.progress is True, f"reading {trace_path.name}"):
+            requests = read_requests(trace_path, limit=args.limit)
+            if not requests:
+                raise ConfigError("trace", f"{trace_path}: no requests to replay")
+            ns = KeyNamespace.from_config(config, block_size=args.tokens_per_block)
+            tpb = args.tokens_per_block
+            trace = prepare_trace(requests, ns, name=trace_path.name, tokens_per_block=tpb)
         if sweep_mode:
             return _run_sweep(args, trace, config, policies, show_progress)
         from kvtier.sim.sweep import capacity_config, parse_capacity
