@@ -150,3 +150,23 @@ def test_closed_tier_fails_jobs_instead_of_raising(tmp_path: Path) -> None:
     tier.shutdown()
     assert not h.store(tier, primary, [h.key_of("x")]).success
     assert not h.load(tier, primary, [h.key_of("x")]).success
+
+
+def test_failed_publish_gives_back_its_reservation(tmp_path: Path) -> None:
+    primary = h.aligned_primary(2, BLOCK)
+    tier = h.make_tier(primary, tmp_path, max_bytes="10MiB")
+    try:
+        assert tier.wait_scan(30)
+        k = h.key_of("blocked")
+        # A regular file where the key's shard directory must go: mkdir fails (ENOTDIR).
+        top = os.path.dirname(os.path.dirname(tier.layout.path_of(k)))
+        Path(top).write_bytes(b"in the way")
+        res = h.store(tier, primary, [k])
+        assert not res.success and res.error
+        st = tier.usage()
+        assert st.reserved == 0 and st.published == 0
+        assert not os.listdir(os.path.join(tier.layout.ns_dir, "tmp"))
+        os.unlink(top)
+        assert h.store(tier, primary, [k]).success  # and the tier carries on
+    finally:
+        tier.shutdown()

@@ -340,9 +340,15 @@ class FsTier(IndexSync, SecondaryTier):
             if len(granted) < len(items):
                 error = error or "capacity: no evictable block (stores dropped)"
             if written:
-                ok = self._publish(written)
+                try:
+                    ok = self._publish(written)
+                except OSError:
+                    self._unpublished(written)
+                    raise
                 nbytes = self.block_bytes * len(ok)
-        except OSError as exc:  # accounting file trouble: fail the chunk, never raise
+        except OSError as exc:  # accounting file or directory trouble: fail the chunk, never raise
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._full_until = time.monotonic() + self.full_backoff
             error = f"{type(exc).__name__}: {exc}"
             self._rlog.warning("acct", f"kvtier fs {self.name}: store failed: {error}")
         finally:
@@ -352,6 +358,18 @@ class FsTier(IndexSync, SecondaryTier):
                 self.stats.stores += len(ok)
                 self.stats.bytes_written += nbytes
             self._chunk_done(state, ok, nbytes, error, load=False)
+
+    def _unpublished(self, written: list[tuple[BlockKey, str, str, int]]) -> None:
+        """Publishing failed before the renames (mkdir or accounting I/O): drop the temp files and
+        give their reservations back, so nothing leaks until the process dies."""
+        back = 0
+        for _, tmp, _, size in written:
+            if os.path.exists(tmp):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                back += size
+        with contextlib.suppress(OSError):
+            self._acct.release(back)
 
     def _store_failed(self, exc: OSError, tmp: str, size: int) -> str:
         with contextlib.suppress(OSError):
