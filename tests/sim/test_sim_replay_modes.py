@@ -50,7 +50,7 @@ def test_real_and_simulate_give_identical_hit_ratios(policy: str, capacity: int)
     assert real.verify_mismatches == 0
     assert real.verified_blocks == real.block_hits
     assert real.tiers[0].bytes_read == real.block_hits * 1024
-    assert set(real.latency) == {"lookup", "load", "store"}
+    assert set(real.latency) == {"lookup", "load", "store", "load[primary]"}
 
 
 def _two_tier(tmp_path: Path, **fs: Any) -> Any:
@@ -74,6 +74,7 @@ def test_real_mode_two_tiers_hits_in_both_and_verifies(tmp_path: Path) -> None:
     assert rep.verified_blocks == rep.block_hits == prim.hits + fs.hits
     assert fs.bytes_read == fs.hits * 2048
     assert fs.bytes_written > 0 and fs.corrupt == 0
+    assert rep.latency["load[fs0]"]["count"] > 0 and rep.latency["load[primary]"]["count"] > 0
     # Bounded overlap (the default) gives the same answers as fully synchronous I/O here.
     again = replay(trace, _two_tier(tmp_path / "b"))
     assert again.block_hits == rep.block_hits

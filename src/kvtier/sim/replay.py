@@ -287,7 +287,7 @@ class _Cost:
         self.by_tier: dict[str, float] = {n: 0.0 for n in ["primary", *tier_names]}
         self.skippable = 0
 
-    def add(self, primary_blocks: int, primary_tokens: int, pending: list[tuple[str, int, int]]) -> None:
+    def add(self, primary_blocks: int, primary_tokens: int, pending: Sequence[tuple[str, int, int]]) -> None:
         if primary_blocks:
             s = self.cm.saving_seconds("primary", primary_blocks, primary_tokens)
             self.saved += s
@@ -400,15 +400,19 @@ def _run_simulate(
         plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
         report.prefix_hits += plen
         report.prefix_token_hits += prim_tok + pend_tok
-        deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)] if before is not None else []
-        cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
+        if before is not None:
+            deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
+            cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
+        elif prim:
+            cost.add(prim, prim_tok, ())
         if hits < n:
-            if hits:
+            if hits == plen:
+                # Hits form the leading run (the usual case with chained prefix ids): slice.
+                mk, mi = keys[plen:], infos[plen:]
+            else:
                 idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
                 mk = [keys[j] for j in idx]
                 mi = [infos[j] for j in idx]
-            else:
-                mk, mi = keys, infos
             complete_store(prepare_store(mk, ctx, mi))
         if tiers:
             engine.poll()
@@ -448,6 +452,8 @@ def _run_real(
     lat_lookup: list[float] = []
     lat_load: list[float] = []
     lat_store: list[float] = []
+    # Load latency by the slowest tier a request's hits came from (promotions wait for that tier).
+    lat_by_tier: dict[str, list[float]] = {n: [] for n in ["primary", *names]}
     clock = time.perf_counter
     max_n = max((len(k) for k in trace.keys), default=0)
     # Store jobs allowed in flight: about one per 512 primary slots (at most 8), so the slots they
@@ -491,7 +497,13 @@ def _run_real(
                 bad = payload.mismatches(hit_keys, buf[: len(hit_keys)])
                 report.verify_mismatches += len(bad)
                 report.verified_blocks += len(hit_keys)
-            lat_load.append(clock() - t2)
+            dt = clock() - t2
+            lat_load.append(dt)
+            src = "primary"
+            if rep.pending:
+                answered = [nm for nm, d in zip(names, deltas, strict=True) if d]
+                src = answered[-1] if answered else "primary"
+            lat_by_tier[src].append(dt)
         if len(hit_idx) < n:
             hit_set = set(hit_idx)
             mk = [k for j, k in enumerate(keys) if j not in hit_set]
@@ -518,4 +530,7 @@ def _run_real(
         "load": percentiles(lat_load),
         "store": percentiles(lat_store),
     }
+    for name, samples in lat_by_tier.items():
+        if samples:
+            report.latency[f"load[{name}]"] = percentiles(samples)
     report.cost = cost.as_dict(report.tokens)

@@ -149,6 +149,7 @@ def _bytes(n: float) -> str:
 
 def render_report(report: ReplayReport, console: Any) -> None:
     """Print ``report`` on a ``rich.console.Console`` as a summary and a per-tier table."""
+    from rich.markup import escape
     from rich.table import Table
 
     hr = report.hit_ratio
@@ -198,14 +199,12 @@ def render_report(report: ReplayReport, console: Any) -> None:
         )
     console.print(tiers)
     if report.latency:
-        lat = Table(title="latency per request (ms)")
+        lat = Table(title="latency per request (ms); load[t]: requests whose slowest hits came from t")
         for col in ("operation", "p50", "p90", "p99", "max", "count"):
             lat.add_column(col, justify="left" if col == "operation" else "right")
         for op, p in report.latency.items():
-            lat.add_row(
-                op, f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{p['max_ms']:.3f}",
-                f"{int(p['count']):,}",
-            )  # fmt: skip
+            cells = [f"{p[k]:.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")]
+            lat.add_row(escape(op), *cells, f"{int(p['count']):,}")
         console.print(lat)
 
 
