@@ -245,6 +245,8 @@ class FsTier(IndexSync, SecondaryTier):
             for key, slot in zip(job.keys, job.slot_ids, strict=True):
                 if key in self._index or key in self._storing:
                     skipped.add(key)  # already held (or on its way): counts as stored
+                    if key in self._policy:
+                        self._policy.touch(key)  # offered again = in use: not the next victim
                     continue
                 self._storing.add(key)
                 items.append((key, int(slot)))
