@@ -12,6 +12,7 @@ Exit codes: 0 stopped cleanly; 2 bad input (config, port in use).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import threading
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with Engine(config) as engine:
+        # serve owns the exporter; the engine must not bind config.metrics_port a second time.
+        with Engine(dataclasses.replace(config, metrics_port=None)) as engine:
             exporter = start_exporter(engine, port, addr=args.metrics_addr)
             try:
                 print(exporter.url, flush=True)

@@ -201,13 +201,16 @@ def replay(
 
     mode = "simulate" if simulate else "real"
     now = [0.0]
+    port = metrics_port if metrics_port is not None else config.metrics_port
+    # Replay serves the metrics itself (for exactly the replay's duration): the engine must not
+    # also bind config.metrics_port.
+    config = dataclasses.replace(config, metrics_port=None)
     if simulate:
         config = dataclasses.replace(config, primary_backing="none")
         engine = Engine(config, clock=lambda: now[0])
     else:
         engine = Engine(config)
     exporter = None
-    port = metrics_port if metrics_port is not None else config.metrics_port
     try:
         if port is not None:
             exporter = start_exporter(engine, port)
