@@ -136,12 +136,18 @@ class IndexSync:
             return
         shard.entries.sort(key=lambda e: e[2])
         with self._acct.section() as st, self._lock:
-            for raw, size, mtime in shard.entries:
-                key = BlockKey(raw)
-                seen.add(key)
-                if key in self._index or key in self._tombstones:
-                    continue
-                self._insert_locked(st, key, size, mtime)
+            index, tomb = self._index, self._tombstones
+            new = [e for e in shard.entries if e[0] not in index and e[0] not in tomb]
+            seen.update(BlockKey(e[0]) for e in shard.entries)
+            if len(self._policy) + len(new) < self._policy.capacity:
+                # Bulk path (the usual case): no eviction can be needed for these.
+                keys = [BlockKey(e[0]) for e in new]
+                index.update((k, e[1]) for k, e in zip(keys, new, strict=True))
+                self._access.update((k, e[2]) for k, e in zip(keys, new, strict=True))
+                self._policy.insert_many(keys)
+            else:
+                for raw, size, mtime in new:
+                    self._insert_locked(st, BlockKey(raw), size, mtime)
 
     def _finish_scan(self, seen: set[BlockKey], started: float, initial: bool) -> None:
         with self._acct.section() as st, self._lock:
