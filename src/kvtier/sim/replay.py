@@ -63,7 +63,8 @@ class PreparedTrace:
         tenants: per request, its tenant or ``None``.
         flat: every block id of every request, in order (the flat sequence OPT and libCacheSim see).
         tokens_per_block: tokens per full block (512 in the Mooncake traces).
-        ceiling: infinite-cache hit ratios, computed once by :func:`prepare_trace`.
+        ceiling: infinite-cache hit ratios and the unique block count, computed once by
+            :func:`prepare_trace`.
     """
 
     name: str
@@ -86,6 +87,8 @@ class PreparedTrace:
 
     @property
     def unique_blocks(self) -> int:
+        if "unique_blocks" in self.ceiling:
+            return int(self.ceiling["unique_blocks"])
         return int(np.unique(self.flat).size)
 
     @property
@@ -97,8 +100,8 @@ class PreparedTrace:
 
     def infinite(self) -> dict[str, float]:
         """Hit ratios of an unbounded cache (every re-reference hits): ``block`` and ``token``."""
-        if self.ceiling:
-            return dict(self.ceiling)
+        if "block" in self.ceiling:
+            return {"block": self.ceiling["block"], "token": self.ceiling["token"]}
         seen: set[BlockKey] = set()
         hits = tok_hits = tokens = 0
         tpb = self.tokens_per_block
@@ -160,6 +163,7 @@ def prepare_trace(
         tenants.append(r.tenant)
     prepared = PreparedTrace(name, keys, infos, last_tokens, timestamps, tenants, ids, tokens_per_block)
     prepared.ceiling.update(prepared.infinite())
+    prepared.ceiling["unique_blocks"] = float(uniq.size)
     return prepared
 
 
@@ -228,8 +232,7 @@ def replay(
         if simulate and config.secondary_tiers:
             report.notes.append(
                 "simulate mode models the primary tier only (a metadata-only engine builds no secondary "
-                "tiers); with write-through the last tier holds a superset of the primary, so size it "
-                "with a sweep over --capacity"
+                "tiers); the figures are the primary tier's (see docs/replay.md, Caveats)"
             )
         cm = cost_model or CostModel.from_config(
             config, tier_media={t.name: t.medium for t in getattr(engine, "tiers", [])}
