@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+from kvtier.errors import ConfigError
 from kvtier.keys import LookupResult
 from kvtier.tiers.fs import FsTier
 
@@ -170,3 +171,22 @@ def test_failed_publish_gives_back_its_reservation(tmp_path: Path) -> None:
         assert h.store(tier, primary, [k]).success  # and the tier carries on
     finally:
         tier.shutdown()
+
+
+def test_without_o_direct_auto_falls_back_and_always_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvtier.tiers.fs as fs_mod
+
+    monkeypatch.setattr(fs_mod, "probe_direct_io", lambda _dir: False)  # a file system without it
+    primary = h.aligned_primary(2, BLOCK)
+    tier = h.make_tier(primary, tmp_path, direct_io="auto")
+    try:
+        assert tier.direct_io is False
+        assert h.store(tier, primary, [h.key_of("buffered")]).success
+        assert h.load(tier, primary, [h.key_of("buffered")]).success
+    finally:
+        tier.shutdown()
+    with pytest.raises(ConfigError) as exc:
+        h.make_tier(primary, tmp_path, direct_io="always")
+    assert "direct_io" in str(exc.value) and "O_DIRECT" in str(exc.value)

@@ -129,6 +129,12 @@ class FsTier(IndexSync, SecondaryTier):
                 "max_bytes",
                 f"{self.max_bytes} bytes hold no block file of {self.layout.file_size(32)} bytes; raise it",
             )
+        # Policy capacity is in blocks; the byte limit is enforced by the accounting, the policy
+        # only needs room for every block the bytes can hold.
+        cap = (self.max_bytes // self.layout.block_bytes) + 1 if self.max_bytes else 1 << 40
+        self._policy_name = eviction_policy
+        self._policy_options = dict(policy_options or {})
+        self._policy: CachePolicy = make_policy(eviction_policy, cap, self._policy_options)
         self.layout.ensure("root_dir")
         self.verify = verify == "always"
         self.fsync = bool(fsync)
@@ -147,12 +153,6 @@ class FsTier(IndexSync, SecondaryTier):
                 "direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
             )
         self.direct_io = probed
-        # Policy capacity is in blocks; the byte limit is enforced by the accounting, the policy
-        # only needs room for every block the bytes can hold.
-        cap = (self.max_bytes // self.layout.block_bytes) + 1 if self.max_bytes else 1 << 40
-        self._policy_name = eviction_policy
-        self._policy_options = dict(policy_options or {})
-        self._policy: CachePolicy = make_policy(eviction_policy, cap, self._policy_options)
 
         self._lock = threading.Lock()
         self._index: dict[BlockKey, int] = {}
