@@ -223,7 +223,7 @@ class JobBook:
             after = len(self.jobs) + len(self.deferred)
             if after == 0:
                 return
-            if after >= before and not self.deferred:
+            if after >= before:
                 # A tier drained but did not report its jobs: contract breach; do not spin forever.
                 log.error(
                     "kvtier: %d tier job(s) still unreported after drain(); their slots stay pinned", after
