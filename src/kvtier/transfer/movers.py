@@ -24,6 +24,7 @@ primary rows, synchronised before returning. It is untested here (no GPU on the 
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -54,14 +55,26 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _run_split(n: int, nbytes: int, body: Callable[[int, int], None]) -> None:
-    """Run ``body(lo, hi)`` over ``range(n)``: two halves, one on a helper thread, when worth it."""
+    """Run ``body(i, i + 1)`` for every i in ``range(n)`` on this thread and one helper thread.
+
+    Blocks are handed out one at a time from a shared counter (``next`` on ``itertools.count`` is
+    atomic under the GIL), so when the helper is scheduled late on a busy host this thread simply
+    copies more blocks instead of waiting for a fixed half.
+    """
     if n < 2 or nbytes < PARALLEL_MIN_BYTES:
         body(0, n)
         return
-    mid = n // 2
-    fut = _pool().submit(body, mid, n)
+    counter = itertools.count()
+
+    def drain() -> None:
+        for i in iter(counter.__next__, None):
+            if i >= n:
+                return
+            body(i, i + 1)
+
+    fut = _pool().submit(drain)
     try:
-        body(0, mid)
+        drain()
     finally:
         fut.result()
 
