@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -179,3 +179,39 @@ def test_any_registered_policy_bounds_the_tier(tmp_path: Path, policy: str) -> N
         assert t.stats.evictions == 14
     finally:
         t.shutdown()
+
+
+def _until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_tiers_sharing_a_root_see_each_others_stores_and_evictions(tmp_path: Path) -> None:
+    pa, pb = h.aligned_primary(4, BLOCK), h.aligned_primary(4, BLOCK)
+    probe = h.make_tier(pa, tmp_path)
+    size = probe.layout.file_size(16)
+    probe.shutdown()
+    a = h.make_tier(pa, tmp_path, max_bytes=3 * size, refresh_interval=0.05)
+    b = h.make_tier(pb, tmp_path, max_bytes=3 * size, refresh_interval=0.05)
+    try:
+        k = h.key_of("shared")
+        assert h.store(a, pa, [k]).success
+        # No explicit refresh: b's maintenance thread picks up a's event within refresh_interval.
+        assert _until(lambda: b.lookup(k) is LookupResult.HIT)
+        res = h.load(b, pb, [k])
+        assert res.success and pb.block(0).tobytes() == h.payload_of(k, BLOCK).tobytes()
+        # b fills the shared capacity; the least recently used block (k, loaded before these) goes,
+        # and a learns it is gone.
+        others = [h.key_of(f"b{i}") for i in range(3)]
+        assert h.store(b, pb, others).success
+        assert not os.path.exists(b.layout.path_of(k))
+        assert _until(lambda: a.lookup(k) is LookupResult.MISS)
+        assert _until(lambda: all(a.lookup(o) is LookupResult.HIT for o in others))
+        assert a.usage().published == 3 * size == sum(h.block_files(a.layout.ns_dir).values())
+    finally:
+        a.shutdown()
+        b.shutdown()
