@@ -215,3 +215,23 @@ def test_tiers_sharing_a_root_see_each_others_stores_and_evictions(tmp_path: Pat
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_lowering_max_bytes_shrinks_the_tree_on_restart(tmp_path: Path) -> None:
+    primary = h.aligned_primary(6, BLOCK)
+    t = h.make_tier(primary, tmp_path)
+    size = t.layout.file_size(16)
+    keys = [h.key_of(f"shrink{i}") for i in range(6)]
+    assert h.store(t, primary, keys).success
+    t.shutdown()
+    now = time.time()
+    for age, k in enumerate(reversed(keys)):  # keys[0] oldest ... keys[5] newest
+        os.utime(t.layout.path_of(k), (now - 10 * age, now - 10 * age))
+    t = h.make_tier(primary, tmp_path, max_bytes=3 * size)
+    try:
+        assert t.wait_scan(30)
+        assert _until(lambda: t.usage().published <= 3 * size)
+        assert sum(h.block_files(t.layout.ns_dir).values()) == t.usage().published == 3 * size
+        assert [t.lookup(k) for k in keys] == [LookupResult.MISS] * 3 + [LookupResult.HIT] * 3
+    finally:
+        t.shutdown()

@@ -135,19 +135,19 @@ class IndexSync:
         if not shard.entries:
             return
         shard.entries.sort(key=lambda e: e[2])
-        with self._acct.section() as st, self._lock:
+        with self._acct.section(), self._lock:  # events first, then our inserts
             index, tomb = self._index, self._tombstones
             new = [e for e in shard.entries if e[0] not in index and e[0] not in tomb]
             seen.update(BlockKey(e[0]) for e in shard.entries)
-            if len(self._policy) + len(new) < self._policy.capacity:
-                # Bulk path (the usual case): no eviction can be needed for these.
-                keys = [BlockKey(e[0]) for e in new]
-                index.update((k, e[1]) for k, e in zip(keys, new, strict=True))
-                self._access.update((k, e[2]) for k, e in zip(keys, new, strict=True))
-                self._policy.insert_many(keys)
-            else:
-                for raw, size, mtime in new:
-                    self._insert_locked(st, BlockKey(raw), size, mtime)
+            keys = [BlockKey(e[0]) for e in new]
+            index.update((k, e[1]) for k, e in zip(keys, new, strict=True))
+            self._access.update((k, e[2]) for k, e in zip(keys, new, strict=True))
+            # Evictable at once, as far as the policy has room. A tree holding more blocks than
+            # the policy's capacity (max_bytes was lowered) is trimmed oldest-first at the end of
+            # the scan, when the global access order is known, never in shard order.
+            room = self._policy.capacity - len(self._policy) - 1
+            if room > 0:
+                self._policy.insert_many(keys[-room:])
 
     def _finish_scan(self, seen: set[BlockKey], started: float, initial: bool) -> None:
         with self._acct.section() as st, self._lock:
@@ -158,10 +158,28 @@ class IndexSync:
             elif self._acct.alone(st) or self._acct.lost_state:
                 # Nobody else wrote while we scanned: the index is the tree. Repair the totals.
                 st.published = sum(self._index.values())
-            # Re-order the policy by access time across shards (the scan inserted shard by shard).
-            fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options)
-            for k in sorted(self._index, key=lambda k: self._access.get(k, 0.0)):
-                fresh.insert(k)
+            snapshot = [(self._access.get(k, 0.0), k) for k in self._index]
+        # Re-order the policy by access time across shards (the scan inserted shard by shard). The
+        # sort and the rebuild run outside the tier lock so submissions never wait on them; what
+        # changed meanwhile is reconciled under the lock afterwards.
+        snapshot.sort(key=lambda e: e[0])
+        fresh = make_policy(self._policy_name, self._policy.capacity, self._policy_options)
+        excess = max(0, len(snapshot) - fresh.capacity + 1)
+        oldest = [k for _, k in snapshot[:excess]]
+        fresh.insert_many(k for _, k in snapshot[excess:])
+        with self._acct.section() as st, self._lock:
+            if oldest:
+                for k in oldest:
+                    self._forget_locked(k)
+                self._acct.unlink_files(st, [self.layout.path_of(k) for k in oldest])
+                self._acct.log_events(st, [(b"-", bytes(k)) for k in oldest])
+                self.stats.evictions += len(oldest)
+            for _, k in snapshot[excess:]:
+                if k not in self._index:
+                    fresh.remove(k)
+            for k in self._index:
+                if k not in fresh and len(fresh) < fresh.capacity:
+                    fresh.insert(k)
             self._policy = fresh
             self._tombstones.clear()
             over = st.usage - self.max_bytes if self.max_bytes is not None else 0
