@@ -32,14 +32,14 @@ import numpy as np
 
 from kvtier.config import KvtierConfig, load_config
 from kvtier.engine_jobs import JobBook
+from kvtier.engine_movers import MoverMixin
 from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.keys import BlockInfo, BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.primary import PrimaryTier
 from kvtier.tiers.base import SecondaryTier
-from kvtier.transfer.movers import KVLayout, copy_rows_in, copy_rows_out, gather_blocks, scatter_blocks
-from kvtier.transfer.pool import LOAD, STORE, JobIds, TransferPool
+from kvtier.transfer.pool import JobIds, TransferPool
 
 __all__ = ["Engine", "EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
 
@@ -56,7 +56,7 @@ def config_namespace(config: KvtierConfig) -> str:
     return hashlib.blake2b(raw, digest_size=16, person=b"kvtier-ns").hexdigest()
 
 
-class Engine:
+class Engine(MoverMixin):
     """Look up, store and load KV blocks across the primary tier and the secondary tiers.
 
     Args:
@@ -355,6 +355,31 @@ class Engine:
             self.primary.unpin(held)
         return sum(1 for i in remaining if codes[i] == _RETRY), promoted_n
 
+    def access(
+        self,
+        keys: Sequence[BlockKey],
+        request: RequestContext | None = None,
+        infos: Sequence[BlockInfo | None] | None = None,
+    ) -> LookupReport:
+        """:meth:`lookup`, then store every key answered MISS as if its bytes were written at once.
+
+        Exactly ``lookup(keys)`` + ``complete_store(prepare_store(misses))`` (same results, counters,
+        events and policy calls) in one call: the simulator's per-request step. No bytes move, so it
+        is meant for ``primary_backing: none`` (with a real buffer the stored slots hold stale bytes).
+        """
+        report = self.lookup(keys, request)
+        codes = report.codes
+        if codes.count(_MISS) == 0:
+            return report
+        if codes.count(_MISS) == len(codes):
+            mk, mi = keys, infos
+        else:
+            idx = [i for i, c in enumerate(codes) if c == _MISS]
+            mk = [keys[i] for i in idx]
+            mi = [infos[i] for i in idx] if infos is not None else None
+        self.complete_store(self.prepare_store(mk, request, mi))
+        return report
+
     # -- store -------------------------------------------------------------------------------
     def prepare_store(
         self,
@@ -455,146 +480,6 @@ class Engine:
             pr.pin(slots)
             token = self._next_token()
         return LoadHandle(list(keys[:m]), np.array(slots, dtype=np.int32), request, token)
-
-    # -- convenience movers (real bytes) -----------------------------------------------------
-    def _needs_bytes(self) -> bool:
-        return self.primary.backing != "none"
-
-    def store_blocks(
-        self,
-        keys: Sequence[BlockKey],
-        data: Any,
-        request: RequestContext | None = None,
-        infos: Sequence[BlockInfo | None] | None = None,
-    ) -> int:
-        """Store ``data[i]`` (an ``(n, block_bytes)`` uint8 array or per-block buffers) under ``keys[i]``.
-
-        Returns the number of blocks written (resident keys are skipped).
-        """
-        h = self.prepare_store(keys, request, infos)
-        if not h.keys:
-            self.complete_store(h)
-            return 0
-        try:
-            if self._needs_bytes():
-                n = copy_rows_in(
-                    self.primary.rows, h.slot_ids, data, h.positions, self.block_bytes, len(keys)
-                )
-                self.c["bytes_stored"] += n
-        except BaseException:
-            self.complete_store(h, success=False)
-            raise
-        self.complete_store(h)
-        return len(h.keys)
-
-    def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
-        """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
-        h = self._pin_leading(keys, request)
-        try:
-            if self._needs_bytes() and len(h.slot_ids):
-                dst = out if isinstance(out, np.ndarray) else np.asarray(out)
-                if dst.dtype != np.uint8 or dst.ndim != 2:
-                    dst = dst.reshape(len(keys), -1).view(np.uint8)
-                n = copy_rows_out(
-                    self.primary.rows, h.slot_ids, dst, range(len(h.slot_ids)), self.block_bytes
-                )
-                self.c["bytes_loaded"] += n
-        finally:
-            self.complete_load(h)
-        return len(h.slot_ids)
-
-    def store_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int:
-        """Gather blocks ``block_ids[i]`` of an engine's KV cache into the primary tier as ``keys[i]``."""
-        if len(block_ids) != len(keys):
-            raise MisuseError(f"store_kv: {len(keys)} keys but {len(block_ids)} block ids")
-        layout.check(block_ids, self.block_bytes)
-        h = self.prepare_store(keys, request)
-        try:
-            if self._needs_bytes() and len(h.slot_ids):
-                bids = [block_ids[p] for p in h.positions]
-                self.c["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slot_ids)
-        except BaseException:
-            self.complete_store(h, success=False)
-            raise
-        self.complete_store(h)
-        return len(h.keys)
-
-    def load_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int:
-        """Scatter the leading readable blocks of ``keys`` into blocks ``block_ids[i]``; returns count."""
-        if len(block_ids) != len(keys):
-            raise MisuseError(f"load_kv: {len(keys)} keys but {len(block_ids)} block ids")
-        layout.check(block_ids, self.block_bytes)
-        h = self._pin_leading(keys, request)
-        try:
-            if self._needs_bytes() and len(h.slot_ids):
-                bids = list(block_ids[: len(h.slot_ids)])
-                self.c["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slot_ids)
-        finally:
-            self.complete_load(h)
-        return len(h.slot_ids)
-
-    # -- asynchronous movers (transfer pool) -------------------------------------------------
-    def _transfer_pool(self) -> TransferPool:
-        with self._lock:
-            self._check_open()
-            if self._pool is None:
-                self._pool = TransferPool(2, self.config.max_inflight_jobs, ids=self._ids)
-            return self._pool
-
-    def submit_store_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int | None:
-        """:meth:`store_kv` on a worker thread. Returns a job id (see :meth:`poll_transfers`), or
-        ``None`` when ``max_inflight_jobs`` transfers are already pending (try again later)."""
-        pool = self._transfer_pool()
-        if len(block_ids) != len(keys):
-            raise MisuseError(f"submit_store_kv: {len(keys)} keys but {len(block_ids)} block ids")
-        keys = list(keys)
-
-        def run() -> list[BlockKey]:
-            self.store_kv(keys, layout, block_ids, request)
-            return keys
-
-        return pool.submit(run, kind=STORE, keys=keys, nbytes=len(keys) * layout.block_bytes)
-
-    def submit_load_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int | None:
-        """:meth:`load_kv` on a worker thread, ahead of queued stores. The job's ``successful_keys``
-        lists the keys loaded (partial success when only a leading run was readable)."""
-        pool = self._transfer_pool()
-        keys = list(keys)
-
-        def run() -> list[BlockKey]:
-            n = self.load_kv(keys, layout, block_ids, request)
-            return keys[:n]
-
-        return pool.submit(run, kind=LOAD, keys=keys, nbytes=len(keys) * layout.block_bytes)
-
-    def poll_transfers(self) -> list[Any]:
-        """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""
-        pool = self._pool
-        return pool.poll() if pool is not None else []
 
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property

@@ -180,11 +180,18 @@ class PrimaryTier:
         new keys left out because every other slot is pinned, writing or flushing (or, with
         ``evict=False``, because no slot is free).
         """
-        get = self.index.get
-        pos = [i for i, s in enumerate(map(get, keys, itertools.repeat(-1, len(keys)))) if s < 0]
-        if not pos:
+        n = len(keys)
+        if n == 0:
             return [], [], [], [], [], 0
-        new_keys = [keys[i] for i in pos]
+        found = list(map(self.index.get, keys, itertools.repeat(-1, n)))
+        if max(found) < 0:  # the usual case: the caller passes the misses of its lookup
+            pos = list(range(n))
+            new_keys = keys if isinstance(keys, list) else list(keys)
+        else:
+            pos = [i for i, s in enumerate(found) if s < 0]
+            if not pos:
+                return [], [], [], [], [], 0
+            new_keys = [keys[i] for i in pos]
         if len(set(new_keys)) != len(new_keys):
             first: dict[BlockKey, int] = {}
             for i in pos:
@@ -251,21 +258,18 @@ class PrimaryTier:
         states = self.states
         hits = self.hits
         persisted = self.persisted
-        free = self._free
+        slots = list(map(pop, keys))
+        self._free.extend(slots)
         if not self.track_tiers:
-            for k in keys:
-                s = pop(k)
+            for s in slots:
                 sk[s] = None
                 states[s] = _FREE
-                free.append(s)
             return
-        for k in keys:
-            s = pop(k)
+        for s in slots:
             sk[s] = None
             states[s] = _FREE
             hits[s] = 0
             persisted[s] = 0
-            free.append(s)
 
     def commit(
         self,
@@ -281,7 +285,6 @@ class PrimaryTier:
         for s in sl:
             if states[s] != _WRITING:
                 raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
-        for s in sl:
             states[s] = _READY
         if persisted:
             p = self.persisted

@@ -460,3 +460,33 @@ def test_report_values() -> None:
     rep = LookupReport(1, [HIT, MISS])
     assert rep.codes == b"\x01\x00" and rep.hits == 1 and len(rep) == 2
     assert "num_hits=1" in repr(rep)
+
+
+def test_access_equals_lookup_plus_storing_the_misses() -> None:
+    import random
+
+    rnd = random.Random(3)
+    trace = [[K(rnd.randrange(40)) for _ in range(6)] for _ in range(300)]
+    a = Engine(cfg(10, primary_backing="none"))
+    b = Engine(cfg(10, primary_backing="none"))
+    with a, b:
+        for keys in trace:
+            ra = a.access(keys)
+            rb = b.lookup(keys)
+            b.complete_store(b.prepare_store([k for k, c in zip(keys, rb.codes, strict=True) if c == 0]))
+            assert ra.codes == rb.codes
+        sa, sb = a.stats(), b.stats()
+        for key in ("hits", "misses", "stores", "evictions", "dropped_stores"):
+            assert sa[key] == sb[key], key
+        assert sorted(a.primary.index) == sorted(b.primary.index)
+
+
+def test_docs_engine_md_examples_run() -> None:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "engine.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "docs/engine.md", "exec"), {})
