@@ -25,7 +25,7 @@ def _helpers() -> ModuleType:
 
 h = _helpers()
 BLOCK = 4096
-FILES = 12_000
+FILES = 20_000
 
 
 def _populate(layout: Layout, n: int) -> list[BlockKey]:
