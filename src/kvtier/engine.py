@@ -123,6 +123,7 @@ class Engine(MoverMixin):
         self._events: deque[EngineEvent] = deque(maxlen=_EVENT_QUEUE)
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._outbox: list[EngineEvent] = []
+        self._nemitted = 0
         self._tenant_prefix: dict[str, bytes] = {}
         self._open_handles: set[int] = set()
         self._token = 0
@@ -192,6 +193,7 @@ class Engine(MoverMixin):
     def _emit(self, kind: str, keys: Sequence[BlockKey], tier: str | None = None) -> None:
         ev = EngineEvent(kind, tuple(keys), tier, self._clock())
         self._events.append(ev)
+        self._nemitted += 1
         if self._subscribers:
             self._outbox.append(ev)
 
@@ -492,9 +494,10 @@ class Engine(MoverMixin):
         """Collect finished tier jobs: promotions become READY, store jobs unpin. Returns new events."""
         with self._lock:
             self._check_open()
-            mark = len(self._events)
+            mark = self._nemitted
             self.jobs.poll_locked()
-            new = list(self._events)[mark:] if len(self._events) > mark else []
+            k = min(self._nemitted - mark, len(self._events))
+            new = list(self._events)[-k:] if k else []
         if self._outbox:
             self._dispatch()
         return new

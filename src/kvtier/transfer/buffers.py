@@ -96,7 +96,9 @@ class ShmBuffer(HostBuffer):
 
     kind = "shm"
 
-    def __init__(self, name: str, num_slots: int, row_stride: int, directory: str = SHM_DIR) -> None:
+    def __init__(
+        self, name: str, num_slots: int, row_stride: int, directory: str = SHM_DIR, *, private: bool = False
+    ) -> None:
         if not _NAME_RE.match(name):
             raise ConfigError(
                 "shm_name", f"{name!r} is not a valid name; use letters, digits, '_', '.', '-' (no '/')"
@@ -109,6 +111,8 @@ class ShmBuffer(HostBuffer):
         self._users_path = self.path + ".kvtier-users"
         self._lock_path = self.path + ".kvtier-lock"
         self.created = False
+        # A generated per-process name is never opened by anyone else: its lock file can go too.
+        self.private = private
         try:
             self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -183,13 +187,14 @@ class ShmBuffer(HostBuffer):
             except BlockingIOError:
                 last = False
             if last:
-                for p in (self.path, self._users_path):
+                for p in (self.path, self._users_path, *((self._lock_path,) if self.private else ())):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(p)
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             self._close_fds()
-        self.view.release()
+        with contextlib.suppress(BufferError):
+            self.view.release()
         mm, self._mmap = self._mmap, None
         del self.rows
         if mm is not None:
@@ -207,5 +212,7 @@ def open_buffer(backing: str, num_slots: int, row_stride: int, shm_name: str | N
     if backing == "torch":
         return _torch(num_slots, row_stride)
     if backing == "shm":
-        return ShmBuffer(shm_name or f"kvtier-{os.getpid()}-{secrets.token_hex(4)}", num_slots, row_stride)
+        if shm_name:
+            return ShmBuffer(shm_name, num_slots, row_stride)
+        return ShmBuffer(f"kvtier-{os.getpid()}-{secrets.token_hex(4)}", num_slots, row_stride, private=True)
     raise ConfigError("primary_backing", f"expected heap, shm, torch or none, got {backing!r}")
