@@ -62,7 +62,6 @@ def test_human_output_and_forced_progress_bar() -> None:
     proc = kvtier("replay", "--simulate", "--limit", "1000", "--progress")
     assert proc.returncode == 0, proc.stderr
     assert "block hit ratio" in proc.stdout and "per tier" in proc.stdout
-    assert "simulate mode models the primary tier only" in proc.stdout
     assert "replay (simulate)" in proc.stderr  # the rich progress bar's label
 
 
@@ -83,6 +82,22 @@ def test_bad_input_is_one_line_exit_2(args: list[str], prefix: str) -> None:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr
+
+
+def test_simulate_with_a_two_tier_config_models_the_fs_tier(tmp_path: Path) -> None:
+    config = tmp_path / "stack.json"
+    config.write_text(json.dumps({
+        "block_bytes": 4096, "cpu_bytes_to_use": 500 * 4096,
+        "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "never-created"),
+                             "max_bytes": "40MiB"}],
+    }))  # fmt: skip
+    proc = kvtier("replay", "--simulate", "--config", str(config), "--limit", "2000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [t["type"] for t in out["tiers"]] == ["primary/none", "fs/simulated"]
+    assert out["tiers"][1]["hits"] > 0
+    assert any("models secondary tiers" in n for n in out["notes"])
+    assert not (tmp_path / "never-created").exists()
 
 
 def test_generic_trace_format(tmp_path: Path) -> None:

@@ -70,12 +70,14 @@ def _fail(exc: BaseException) -> int:
 def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
     """(trace path, config) for the run; temporary directories live for the ``with``."""
     from kvtier.config import load_config
-    from kvtier.sim.defaults import default_config, shipped_trace
+    from kvtier.sim.defaults import default_config, default_simulate_config, shipped_trace
 
     with contextlib.ExitStack() as stack:
         trace = Path(args.trace) if args.trace else stack.enter_context(shipped_trace())
         if args.config:
             config = load_config(args.config)
+        elif args.simulate or args.sweep or args.plot is not None:
+            config = load_config(default_simulate_config())
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-replay-"))
             config = load_config(default_config(Path(tmp) / "fs0"))

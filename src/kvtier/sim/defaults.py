@@ -24,7 +24,14 @@ from typing import Any
 
 from kvtier.sim.trace import TraceError, TraceRequest, read_trace
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "SHIPPED_TRACE", "default_config", "read_requests", "shipped_trace"]
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "SHIPPED_TRACE",
+    "default_config",
+    "default_simulate_config",
+    "read_requests",
+    "shipped_trace",
+]
 
 #: Payload bytes per block in replays unless ``--block-bytes`` or the config says otherwise.
 DEFAULT_BLOCK_BYTES = 4096
@@ -64,6 +71,17 @@ def default_config(root_dir: str | Path, block_bytes: int = DEFAULT_BLOCK_BYTES)
             },
         ],
     }
+
+
+def default_simulate_config(block_bytes: int = DEFAULT_BLOCK_BYTES) -> dict[str, Any]:
+    """What ``--simulate`` / ``--sweep`` replay without ``--config``: the primary tier alone.
+
+    Simulation answers "how large a cache, which policy": one tier of ``--capacity`` blocks (9,139,
+    5 % of the shipped trace's unique blocks, when not given), the setting of the README's reference
+    figures. Pass ``--config`` to simulate a whole stack (secondary tiers are modelled).
+    """
+    row_stride = -(-block_bytes // 4096) * 4096
+    return {"block_bytes": block_bytes, "cpu_bytes_to_use": 9139 * row_stride, "eviction_policy": "lru"}
 
 
 def read_requests(path: str | Path, *, limit: int | None = None) -> list[TraceRequest]:

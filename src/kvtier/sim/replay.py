@@ -167,11 +167,11 @@ def prepare_trace(
     return prepared
 
 
-def _tier_types(config: KvtierConfig, engine: Any) -> dict[str, str]:
+def _tier_types(config: KvtierConfig, engine: Any, simulate: bool) -> dict[str, str]:
     out = {"primary": f"primary/{config.primary_backing}"}
     for i, tier in enumerate(getattr(engine, "tiers", [])):
         cfg_type = config.secondary_tiers[i].type if i < len(config.secondary_tiers) else type(tier).__name__
-        out[tier.name] = cfg_type
+        out[tier.name] = f"{cfg_type}/simulated" if simulate else cfg_type
     return out
 
 
@@ -210,8 +210,11 @@ def replay(
     # also bind config.metrics_port.
     config = dataclasses.replace(config, metrics_port=None)
     if simulate:
+        from kvtier.sim.simtier import sim_tiers
+
         config = dataclasses.replace(config, primary_backing="none")
-        engine = Engine(config, clock=lambda: now[0])
+        # Secondary tiers become metadata-only models (kvtier.sim.simtier): the engine is unchanged.
+        engine = Engine(config, clock=lambda: now[0], tiers=sim_tiers(config))
     else:
         engine = Engine(config)
     exporter = None
@@ -231,8 +234,8 @@ def replay(
         )
         if simulate and config.secondary_tiers:
             report.notes.append(
-                "simulate mode models the primary tier only (a metadata-only engine builds no secondary "
-                "tiers); the figures are the primary tier's (see docs/replay.md, Caveats)"
+                "simulate mode models secondary tiers by capacity and policy (kvtier.sim.simtier); "
+                "their timing and I/O are not simulated"
             )
         cm = cost_model or CostModel.from_config(
             config, tier_media={t.name: t.medium for t in getattr(engine, "tiers", [])}
@@ -252,7 +255,7 @@ def replay(
         report.engine_seconds = time.perf_counter() - t0
         if hook is not None:
             hook(engine, trace.requests, exporter)
-        _fill_tiers(report, engine.stats(), _tier_types(config, engine))
+        _fill_tiers(report, engine.stats(), _tier_types(config, engine, simulate))
         report.elapsed_seconds = time.perf_counter() - t0
         return report
     finally:
@@ -411,6 +414,9 @@ def _run_simulate(
             cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
         elif prim:
             cost.add(prim, prim_tok, ())
+        if tiers and 2 in codes:
+            # Finish the promotions before storing the misses, as real mode does (load first).
+            engine.poll()
         if hits < n:
             if hits == plen:
                 # Hits form the leading run (the usual case with chained prefix ids): slice.

@@ -1,0 +1,176 @@
+"""Metadata-only stand-ins for secondary tiers, so ``--simulate`` covers a whole RAM + disk stack.
+
+A simulate-mode engine has no buffer, so it cannot build real tiers (they move bytes). For capacity
+planning the question a tier answers is only *which blocks does it hold*: a :class:`SimTier` answers
+it with the tier's own eviction policy class (resolved through the plug-in registry, as the ``fs``
+tier does) over the same capacity, and completes every job at once. The engine — promotions, write
+policies, admission, pins — runs unchanged on top of it.
+
+Capacity model (from the tier's config entry):
+    * ``fs``: ``max_bytes // (header + block_bytes)`` block files, the header being the ``codec``
+      header of a 16-byte key aligned to 4 KiB (what ``FsTier`` writes); the policy is the entry's
+      ``eviction_policy`` (default ``lru``) with ``policy_options``, sized as ``FsTier`` sizes it.
+    * any other type with ``max_bytes``: ``max_bytes // block_bytes`` blocks, same policy keys.
+    * no ``max_bytes``: unbounded.
+Like ``FsTier``: a store of a block already held refreshes it (touch), a load refreshes the loaded
+blocks, lookups do not. What the model leaves out is timing: real tiers finish jobs later, and the
+fs tier's worker threads may insert a job's blocks in a different order.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kvtier.config import KvtierConfig, TierConfig, parse_size
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey, LookupResult
+from kvtier.policies.base import CachePolicy
+from kvtier.tiers.base import SecondaryTier, TierContext, TierStats
+
+__all__ = ["SimTier", "sim_tiers"]
+
+_FS_HEADER_ALIGN = 4096
+_KEY_BYTES = 16
+_UNBOUNDED = 1 << 40
+
+
+class SimTier(SecondaryTier):
+    """A secondary tier that tracks keys only (no bytes) and finishes every job immediately.
+
+    Args:
+        name: the tier's instance name (as the real tier would have).
+        block_bytes: payload bytes per block (for the byte counters).
+        policy: orders the held keys and picks victims.
+        max_blocks: how many blocks fit (``None`` = unbounded).
+        medium: the real tier's medium (reported, and used by the cost model).
+    """
+
+    medium: ClassVar[str] = "STORAGE"
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        name: str,
+        block_bytes: int,
+        policy: CachePolicy,
+        max_blocks: int | None,
+        medium: str,
+    ) -> None:
+        # Not SecondaryTier.__init__: it requires rows that hold a block, and a simulate engine's
+        # view has rows of length 0. Nothing here reads the view; the attributes are set as the
+        # base class sets them so generic code (stats, config_info) works.
+        self.primary_kv_view = primary_kv_view
+        self.rows = np.asarray(primary_kv_view)
+        self.context = TierContext(name, max(block_bytes, 1))
+        self.stats = TierStats()
+        self._policy = policy
+        self._max = max_blocks if max_blocks is not None else _UNBOUNDED
+        self.medium = medium  # type: ignore[misc]  # per instance: mirrors the modelled tier
+        self._done: list[JobResult] = []
+
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        self.stats.lookups += 1
+        if key in self._policy:
+            self.stats.hits += 1
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
+        return [self.lookup(k) for k in keys]
+
+    def submit_store(self, job: TransferJob) -> None:
+        pol = self._policy
+        stored = 0
+        dropped = 0
+        for key in job.keys:
+            if key in pol:
+                pol.touch(key)
+                continue
+            if len(pol) >= self._max:
+                victims = pol.evict(1)
+                if not victims:
+                    dropped += 1
+                    continue
+                self.stats.evictions += len(victims)
+            pol.insert(key)
+            stored += 1
+        self.stats.stores += stored
+        self.stats.dropped_stores += dropped
+        self.stats.bytes_written += stored * self.block_bytes
+        ok = dropped == 0
+        partial = None if ok else frozenset(k for k in job.keys if k in pol)
+        self._done.append(JobResult(job.job_id, ok, partial, stored * self.block_bytes, 0.0))
+
+    def submit_load(self, job: TransferJob) -> None:
+        pol = self._policy
+        found = [k for k in job.keys if k in pol]
+        for key in found:
+            pol.touch(key)
+        nbytes = len(found) * self.block_bytes
+        self.stats.loads += len(found)
+        self.stats.bytes_read += nbytes
+        ok = len(found) == len(job.keys)
+        if not ok:
+            self.stats.failed_jobs += 1
+        self._done.append(JobResult(job.job_id, ok, None if ok else frozenset(found), nbytes, 0.0))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        out, self._done = self._done, []
+        return out
+
+    def drain(self) -> None:
+        """Nothing to wait for: every job finished when it was submitted."""
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info.update({"simulated": True, "max_blocks": None if self._max == _UNBOUNDED else self._max})
+        return info
+
+
+def _capacity(tc: TierConfig, block_bytes: int) -> tuple[int | None, int]:
+    """(files that fit or None, the policy capacity the real tier would use)."""
+    raw = tc.options.get("max_bytes")
+    if raw is None:
+        return None, _UNBOUNDED
+    max_bytes = parse_size(raw, f"{tc.key_path}.max_bytes")
+    per_block = block_bytes
+    if tc.type == "fs":
+        from kvtier import codec
+
+        per_block = codec.header_size(_KEY_BYTES, _FS_HEADER_ALIGN) + block_bytes
+    return max(max_bytes // per_block, 1), max_bytes // max(block_bytes, 1) + 1
+
+
+def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
+    """Factories (``Engine(tiers=...)`` builds each on its view) of one :class:`SimTier` per
+    ``config.secondary_tiers`` entry, named as the engine names the real tiers."""
+    from kvtier.plugins import POLICIES, TIERS, tier_contexts
+
+    contexts = tier_contexts(config)
+    out: list[Callable[[memoryview], SimTier]] = []
+    for tc, ctx in zip(config.secondary_tiers, contexts, strict=True):
+        cls = TIERS.resolve(tc.type, tc.module_path, plugins=config.plugins, key_path=tc.key_path)
+        max_blocks, policy_cap = _capacity(tc, config.block_bytes)
+        pname = str(tc.options.get("eviction_policy", "lru"))
+        popts = dict(tc.options.get("policy_options") or {})
+        policy = POLICIES.resolve(pname, plugins=config.plugins)(policy_cap, **popts)
+        out.append(
+            functools.partial(
+                _make,
+                name=ctx.name,
+                block_bytes=config.block_bytes,
+                policy=policy,
+                max_blocks=max_blocks,
+                medium=str(getattr(cls, "medium", "STORAGE")),
+            )
+        )
+    return out
+
+
+def _make(view: memoryview, **kw: Any) -> SimTier:
+    return SimTier(primary_kv_view=view, **kw)
