@@ -157,7 +157,7 @@ def bench_simulate(requests: int = 8000, per_request: int = 24, universe: int = 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--reps", type=int, default=5, help="timed rounds per size (best is kept)")
+    ap.add_argument("--reps", type=int, default=10, help="timed rounds per size (best is kept)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     sizes: dict[str, Any] = {}

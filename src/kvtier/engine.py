@@ -332,6 +332,8 @@ class Engine(MoverMixin):
                 ks = [ikeys[i] for i in remaining]
                 try:
                     answers = tier.lookup_many(ks, request)
+                    if len(answers) != len(ks):
+                        raise ValueError(f"lookup_many answered {len(answers)} results for {len(ks)} keys")
                 except Exception as exc:
                     self.jobs.tier_error(t, "lookup", exc)
                     continue
