@@ -28,8 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
-import numpy as np
-
 from kvtier.config import KvtierConfig, load_config
 from kvtier.engine_jobs import JobBook
 from kvtier.engine_movers import MoverMixin
@@ -415,27 +413,26 @@ class Engine(MoverMixin):
             token = self._next_token()
         if self._outbox:
             self._dispatch()
-        return StoreHandle(user, np.array(slots, dtype=np.int32), pl, request, internal, sel, token)
+        return StoreHandle(user, slots, pl, request, internal, sel, token)
 
     def complete_store(self, handle: StoreHandle, success: bool = True) -> None:
         """Make the slots READY (or free them when ``success`` is false); then the write policy runs."""
         with self._lock:
             self._check_open()
             self._close_token(handle.token, "complete_store")
-            keys, slots = handle.internal_keys, handle.slot_ids
+            keys, slots = handle.internal_keys, handle.slots
             if not success:
                 self.primary.abort(keys, slots)
-            elif len(slots):
+            elif slots:
                 self.primary.commit(keys, slots, handle.infos)
                 self.c["stores"] += len(slots)
                 self._emit("stored", keys)
                 if self._write_through:
-                    sl = slots.tolist()
                     persisted = self.primary.persisted
-                    for x in sl:
+                    for x in slots:
                         persisted[x] = 1
                     for t in range(len(self.tiers)):
-                        self.jobs.submit_store(t, keys, sl, handle.request)
+                        self.jobs.submit_store(t, keys, slots, handle.request)
         if self._outbox:
             self._dispatch()
 
@@ -456,15 +453,15 @@ class Engine(MoverMixin):
                 )
             pr.pin(slots)
             token = self._next_token()
-        return LoadHandle(list(keys), np.array(slots, dtype=np.int32), request, token)
+        return LoadHandle(list(keys), slots, request, token)
 
     def complete_load(self, handle: LoadHandle) -> None:
         """Unpin the slots of ``handle`` (reading is finished)."""
         with self._lock:
             self._check_open()
             self._close_token(handle.token, "complete_load")
-            self.c["loads"] += len(handle.slot_ids)
-            freed = self.primary.unpin(handle.slot_ids)
+            self.c["loads"] += len(handle.slots)
+            freed = self.primary.unpin(handle.slots)
             if freed:
                 self._emit("evicted", freed)
         if self._outbox:
@@ -483,7 +480,7 @@ class Engine(MoverMixin):
             slots = slots[:m]
             pr.pin(slots)
             token = self._next_token()
-        return LoadHandle(list(keys[:m]), np.array(slots, dtype=np.int32), request, token)
+        return LoadHandle(list(keys[:m]), slots, request, token)
 
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property

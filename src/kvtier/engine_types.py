@@ -75,6 +75,15 @@ class LookupReport:
         return f"LookupReport(num_hits={self.num_hits}, pending={self.pending}, codes={self.codes!r})"
 
 
+def _slots(
+    slot_ids: npt.NDArray[np.int32] | list[int],
+) -> tuple[list[int], npt.NDArray[np.int32] | None]:
+    if isinstance(slot_ids, np.ndarray):
+        arr = slot_ids.astype(np.int32, copy=False)
+        return arr.tolist(), arr
+    return list(slot_ids), None
+
+
 class StoreHandle:
     """Slots reserved by :meth:`Engine.prepare_store`; hand it back to :meth:`Engine.complete_store`.
 
@@ -88,12 +97,12 @@ class StoreHandle:
             tenant.
     """
 
-    __slots__ = ("infos", "internal_keys", "keys", "positions", "request", "slot_ids", "token")
+    __slots__ = ("_slot_ids", "infos", "internal_keys", "keys", "positions", "request", "slots", "token")
 
     def __init__(
         self,
         keys: list[BlockKey],
-        slot_ids: npt.NDArray[np.int32],
+        slot_ids: npt.NDArray[np.int32] | list[int],
         positions: list[int] | None = None,
         request: RequestContext | None = None,
         internal_keys: list[BlockKey] | None = None,
@@ -101,7 +110,7 @@ class StoreHandle:
         token: int = 0,
     ) -> None:
         self.keys = keys
-        self.slot_ids = slot_ids
+        self.slots, self._slot_ids = _slots(slot_ids)
         self.positions = positions if positions is not None else list(range(len(keys)))
         self.request = request
         self.internal_keys = internal_keys if internal_keys is not None else keys
@@ -111,32 +120,46 @@ class StoreHandle:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def slot_ids(self) -> npt.NDArray[np.int32]:
+        """``int32`` array of the slots (built on first access; ``slots`` is the same as a list)."""
+        if self._slot_ids is None:
+            self._slot_ids = np.array(self.slots, dtype=np.int32)
+        return self._slot_ids
+
     def __repr__(self) -> str:
-        return f"StoreHandle({len(self.keys)} keys, slots={self.slot_ids.tolist()})"
+        return f"StoreHandle({len(self.keys)} keys, slots={self.slots})"
 
 
 class LoadHandle:
     """Pinned READY slots from :meth:`Engine.prepare_load`; release with :meth:`Engine.complete_load`."""
 
-    __slots__ = ("keys", "request", "slot_ids", "token")
+    __slots__ = ("_slot_ids", "keys", "request", "slots", "token")
 
     def __init__(
         self,
         keys: list[BlockKey],
-        slot_ids: npt.NDArray[np.int32],
+        slot_ids: npt.NDArray[np.int32] | list[int],
         request: RequestContext | None = None,
         token: int = 0,
     ) -> None:
         self.keys = keys
-        self.slot_ids = slot_ids
+        self.slots, self._slot_ids = _slots(slot_ids)
         self.request = request
         self.token = token
 
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def slot_ids(self) -> npt.NDArray[np.int32]:
+        """``int32`` array of the slots (built on first access; ``slots`` is the same as a list)."""
+        if self._slot_ids is None:
+            self._slot_ids = np.array(self.slots, dtype=np.int32)
+        return self._slot_ids
+
     def __repr__(self) -> str:
-        return f"LoadHandle({len(self.keys)} keys, slots={self.slot_ids.tolist()})"
+        return f"LoadHandle({len(self.keys)} keys, slots={self.slots})"
 
 
 class EngineEvent(NamedTuple):
