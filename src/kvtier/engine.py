@@ -398,14 +398,16 @@ class Engine(MoverMixin):
         with self._lock:
             self._check_open()
             pl, slots, dropped = self._reserve(ikeys)
-            internal = [ikeys[p] for p in pl]
-            user = internal if ikeys is keys else [keys[p] for p in pl]
-            if infos is not None:
-                sel: Sequence[BlockInfo | None] | None = [infos[p] for p in pl]
-            elif request is not None and request.tenant is not None:
-                sel = [BlockInfo(tenant=request.tenant)] * len(pl)
+            if len(pl) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
+                internal = ikeys[:]
+                user = internal if ikeys is keys else list(keys)
+                sel: Sequence[BlockInfo | None] | None = None if infos is None else list(infos)
             else:
-                sel = None
+                internal = [ikeys[p] for p in pl]
+                user = internal if ikeys is keys else [keys[p] for p in pl]
+                sel = None if infos is None else [infos[p] for p in pl]
+            if sel is None and request is not None and request.tenant is not None:
+                sel = [BlockInfo(tenant=request.tenant)] * len(pl)
             if dropped:
                 self.c["dropped_stores"] += dropped
                 index = self.primary.index
