@@ -41,7 +41,7 @@ from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
-from kvtier.tiers.fs_io import read_block, write_block
+from kvtier.tiers.fs_io import fsync_dir, read_block, write_block
 from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout, probe_direct_io
 from kvtier.tiers.fs_policy import make_policy
 from kvtier.tiers.fs_pool import PRIO_LOAD, PRIO_STORE, IoPool, RateLimitedLog
@@ -472,7 +472,7 @@ class FsTier(IndexSync, SecondaryTier):
             self._acct.log_events(st, [(b"+", bytes(k)) for k in ok])
         if self.fsync:
             for d in {os.path.dirname(f) for _, _, f, _ in written}:
-                _fsync_dir(d)
+                fsync_dir(d)
         return ok
 
     def _insert_locked(self, st: AccountingState, key: BlockKey, size: int, when: float) -> None:
@@ -592,12 +592,3 @@ class FsTier(IndexSync, SecondaryTier):
         self._pool.stop()
         self._scan_thread.join(timeout=30)
         self._acct.close()
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

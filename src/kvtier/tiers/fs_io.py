@@ -7,6 +7,7 @@ slot, ``O_DIRECT`` when allowed) and read straight into it (``preadv``), never c
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
@@ -14,7 +15,7 @@ import threading
 from kvtier import codec
 from kvtier.tiers.fs_layout import HEADER_ALIGN
 
-__all__ = ["read_block", "write_block"]
+__all__ = ["fsync_dir", "read_block", "write_block"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -81,3 +82,13 @@ def read_block(path: str, key: bytes, out: memoryview, ns_tag: int, *, verify: b
     if verify:
         codec.verify_payload(header, out)
     return got
+
+
+def fsync_dir(path: str) -> None:
+    """Make renames into ``path`` durable (best effort: some file systems refuse directory fsync)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

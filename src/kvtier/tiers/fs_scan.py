@@ -61,7 +61,6 @@ class IndexSync:
     scan_files: int
     scan_seconds: float
     _forget_locked: Callable[[BlockKey], None]
-    _insert_locked: Callable[[AccountingState, BlockKey, int, float], None]
     _make_room: Callable[[AccountingState, int], int]
 
     # -- the maintenance thread --------------------------------------------------------------
