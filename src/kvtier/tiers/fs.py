@@ -199,7 +199,13 @@ class FsTier(IndexSync, SecondaryTier):
         return LookupResult.RETRY
 
     def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
-        return [self.lookup(k) for k in keys]
+        if not self._scan_done:
+            return [self.lookup(k) for k in keys]
+        index, hit, miss = self._index, LookupResult.HIT, LookupResult.MISS
+        out = [hit if k in index else miss for k in keys]  # ~60 ns a key, no syscall
+        self.stats.lookups += len(keys)
+        self.stats.hits += out.count(hit)
+        return out
 
     @property
     def scan_done(self) -> bool:
