@@ -165,7 +165,7 @@ def render_report(report: ReplayReport, console: Any) -> None:
     summary.add_row("prefix hit ratio", _pct(hr["prefix"]))
     summary.add_row("token hit ratio", _pct(hr["token"]))
     if report.opt is not None:
-        summary.add_row("OPT (Belady) block hit ratio", _pct(report.opt["block"]))
+        summary.add_row("OPT (Belady) at primary capacity", _pct(report.opt["block"]))
     if report.infinite:
         summary.add_row("infinite cache block hit ratio", _pct(report.infinite["block"]))
     if report.mode == "real":
