@@ -108,9 +108,11 @@ def test_two_tier_simulate_matches_real_mode(tmp_path: Path, write_policy: str) 
     assert real.verify_mismatches == 0
 
 
-def test_verification_catches_bytes_corrupted_on_disk(tmp_path: Path) -> None:
-    """With checksums off in the tier, flipped bytes on disk must be caught by replay's own check."""
-    config = _two_tier(tmp_path, verify="never")
+@pytest.mark.parametrize("tier_verify", ["never", "always"])
+def test_bytes_corrupted_on_disk_are_caught(tmp_path: Path, tier_verify: str) -> None:
+    """Flipped payload bytes on disk: with the tier's checksums off, replay's own check catches them;
+    with them on, the tier refuses the block (a miss, counted corrupt) and nothing wrong is served."""
+    config = _two_tier(tmp_path, verify=tier_verify)
     trace = _prepared(config, 800)
     corrupted: list[int] = []
 
@@ -132,7 +134,14 @@ def test_verification_catches_bytes_corrupted_on_disk(tmp_path: Path) -> None:
 
     rep = replay(trace, config, hook=corrupt_files, sync=True)
     assert corrupted, "no block file found to corrupt"
-    assert rep.verify_mismatches > 0
+    fs = rep.tiers[1]
+    if tier_verify == "never":
+        assert rep.verify_mismatches > 0 and fs.corrupt == 0
+    else:
+        assert rep.verify_mismatches == 0
+        assert fs.corrupt > 0
+        assert rep.failed_loads > 0  # lookup said HIT_PENDING; the promotion failed; recomputed
+        assert rep.verified_blocks == rep.block_hits - rep.failed_loads
 
 
 def _scrape(url: str) -> dict[str, float]:

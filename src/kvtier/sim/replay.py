@@ -491,6 +491,7 @@ def _run_real(
         cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
 
         hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
+        recompute: list[BlockKey] = []
         if hit_idx:
             t2 = clock()
             if rep.pending:
@@ -503,12 +504,13 @@ def _run_real(
             except MisuseError:
                 # A promotion failed (tier error); the engine already counted it. Degrade to misses.
                 copied = 0
-            if copied != len(hit_keys):
-                report.failed_loads += len(hit_keys) - copied
-            else:
-                bad = payload.mismatches(hit_keys, buf[: len(hit_keys)])
-                report.verify_mismatches += len(bad)
-                report.verified_blocks += len(hit_keys)
+            # load_blocks copies the leading run it can read; a failed promotion (tier error,
+            # corrupt file) ends it. Verify what was copied, recompute (store) the rest.
+            report.failed_loads += len(hit_keys) - copied
+            if copied:
+                report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
+                report.verified_blocks += copied
+            recompute = hit_keys[copied:]
             dt = clock() - t2
             lat_load.append(dt)
             src = "primary"
@@ -516,9 +518,12 @@ def _run_real(
                 answered = [nm for nm, d in zip(names, deltas, strict=True) if d]
                 src = answered[-1] if answered else "primary"
             lat_by_tier[src].append(dt)
-        if len(hit_idx) < n:
+        if len(hit_idx) < n or recompute:
             hit_set = set(hit_idx)
             mk = [k for j, k in enumerate(keys) if j not in hit_set]
+            if recompute:
+                # Resident ones among them are skipped by the engine; the lost ones are stored again.
+                mk.extend(recompute)
             t3 = clock()
             engine.store_blocks(mk, payload.make(mk), ctx)
             # Bounded overlap: tier writes run while the next requests are served, but never more
