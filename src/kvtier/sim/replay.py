@@ -6,15 +6,16 @@ Two modes, one engine, one policy implementation:
   gets a deterministic synthetic payload (:mod:`kvtier.sim.payload`), misses are stored, hits are
   loaded (secondary hits are promoted first) and every loaded block is verified against its payload;
 * **simulate** — the same engine with ``primary_backing: "none"`` (metadata only) on a virtual
-  clock driven by the trace timestamps: slots, pins, eviction and policies run exactly as in real mode,
-  no byte is moved.
+  clock driven by the trace timestamps: slots, pins, eviction, promotions and policies run exactly as
+  in real mode, no byte is moved; secondary tiers are metadata-only models
+  (:mod:`kvtier.sim.simtier`).
 
 Per request the driver does what an inference engine does (the "engine" semantics, documented in
-docs/replay.md): ``lookup`` every block of the request (hits touch the policy in key order), then
-store the blocks that missed (in key order), then — in real mode — wait for the tier I/O of that
-request to finish so replays are deterministic. On the conversation trace with LRU at 1,827 blocks
-this gives 5.2458 % block hits (README reference: 5.25 %; a flat one-block-at-a-time simulator gets
-5.23 % because it can evict a request's later blocks while storing its earlier ones).
+docs/replay.md): ``lookup`` every block of the request (hits touch the policy in key order), finish
+the promotions and load the hits, then store the blocks that missed (in key order). On the
+conversation trace with LRU at 1,827 blocks this gives 5.2458 % block hits (README reference: 5.25 %;
+a flat one-block-at-a-time simulator gets 5.23 % because it can evict a request's later blocks while
+storing its earlier ones).
 """
 
 from __future__ import annotations
