@@ -263,6 +263,7 @@ class Engine(MoverMixin):
             if n and max(slots) >= 0:
                 states = pr.states
                 touch: list[BlockKey] = []
+                rescue: list[BlockKey] = []
                 # One pass in Python: requests are tens of keys, where numpy's per-call cost dominates.
                 for i, s in enumerate(slots):
                     if s >= 0:
@@ -272,8 +273,13 @@ class Engine(MoverMixin):
                             touch.append(ikeys[i])
                         elif st == _FLUSHING:
                             codes[i] = _HIT
+                            rescue.append(ikeys[i])
                         else:
                             codes[i] = _PENDING
+                if rescue:
+                    # A write-back victim hit again stays: READY (and most recent) once more, so it
+                    # is not freed under the caller's feet when its flush ends.
+                    pr.rescue(rescue)
                 if touch:
                     pr.policy.touch_many(touch)
                     if self._after_hits:

@@ -77,9 +77,7 @@ class MoverMixin:
             return 0
         try:
             if self._needs_bytes():
-                n = copy_rows_in(
-                    self.primary.rows, h.slot_ids, data, h.positions, self.block_bytes, len(keys)
-                )
+                n = copy_rows_in(self.primary.rows, h.slots, data, h.positions, self.block_bytes, len(keys))
                 self.c["bytes_stored"] += n
         except BaseException:
             self.complete_store(h, success=False)
@@ -91,17 +89,15 @@ class MoverMixin:
         """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
         h = self._pin_leading(keys, request)
         try:
-            if self._needs_bytes() and len(h.slot_ids):
+            if self._needs_bytes() and len(h.slots):
                 dst = out if isinstance(out, np.ndarray) else np.asarray(out)
                 if dst.dtype != np.uint8 or dst.ndim != 2:
                     dst = dst.reshape(len(keys), -1).view(np.uint8)
-                n = copy_rows_out(
-                    self.primary.rows, h.slot_ids, dst, range(len(h.slot_ids)), self.block_bytes
-                )
+                n = copy_rows_out(self.primary.rows, h.slots, dst, range(len(h.slots)), self.block_bytes)
                 self.c["bytes_loaded"] += n
         finally:
             self.complete_load(h)
-        return len(h.slot_ids)
+        return len(h.slots)
 
     def store_kv(
         self,
@@ -116,9 +112,9 @@ class MoverMixin:
         layout.check(block_ids, self.block_bytes)
         h = self.prepare_store(keys, request)
         try:
-            if self._needs_bytes() and len(h.slot_ids):
+            if self._needs_bytes() and len(h.slots):
                 bids = [block_ids[p] for p in h.positions]
-                self.c["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slot_ids)
+                self.c["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slots)
         except BaseException:
             self.complete_store(h, success=False)
             raise
@@ -138,12 +134,12 @@ class MoverMixin:
         layout.check(block_ids, self.block_bytes)
         h = self._pin_leading(keys, request)
         try:
-            if self._needs_bytes() and len(h.slot_ids):
-                bids = list(block_ids[: len(h.slot_ids)])
-                self.c["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slot_ids)
+            if self._needs_bytes() and len(h.slots):
+                bids = list(block_ids[: len(h.slots)])
+                self.c["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slots)
         finally:
             self.complete_load(h)
-        return len(h.slot_ids)
+        return len(h.slots)
 
     # -- asynchronous movers (transfer pool) -------------------------------------------------
     def _transfer_pool(self) -> TransferPool:

@@ -14,7 +14,8 @@ Slot states::
   in the policy, so never a victim.
 * READY: readable, in the policy (evictable unless pinned).
 * FLUSHING: chosen as a victim but still being copied to a secondary tier (write-back); readable, no
-  longer in the policy, freed when the last pin goes.
+  longer in the policy, freed when the last pin goes -- unless a lookup hits it first, which makes it
+  READY again (:meth:`PrimaryTier.rescue`).
 
 Every method is called under the engine's lock; none blocks. Per-slot state lives in a ``bytearray``
 and ``array('i')`` (fast per-element access from Python: a request is ~25 blocks, where numpy's fixed
@@ -259,7 +260,9 @@ class PrimaryTier:
         hits = self.hits
         persisted = self.persisted
         slots = list(map(pop, keys))
-        self._free.extend(slots)
+        # Pushed in reverse so the next reserve pops them back in this order: victims freed in LRU
+        # order come back as ascending runs, which the movers copy with one call per run.
+        self._free.extend(reversed(slots))
         if not self.track_tiers:
             for s in slots:
                 sk[s] = None
@@ -300,6 +303,20 @@ class PrimaryTier:
             if states[s] != _WRITING:
                 raise MisuseError("abort of a slot that is not WRITING (completed twice?)")
         self._release(keys)
+
+    def rescue(self, keys: Sequence[BlockKey]) -> None:
+        """FLUSHING -> READY for ``keys`` (a write-back victim was hit again: keep it).
+
+        The flush job still runs (its pin stays); when it ends the slot is simply unpinned. Safe for
+        the policy's capacity: FLUSHING blocks are not in it, so it has room for each of them.
+        """
+        index, states = self.index, self.states
+        back = [k for k in keys if states[index[k]] == _FLUSHING]
+        for k in back:
+            states[index[k]] = _READY
+        self._nflushing -= len(back)
+        if back:
+            self.policy.insert_many(back)
 
     # -- pins --------------------------------------------------------------------------------
     def pin(self, slots: Sequence[int] | I32) -> None:

@@ -240,13 +240,26 @@ def test_write_back_flushes_victims_before_freeing_them() -> None:
         # K(1) is the victim: it is being flushed, still readable, and its slot is not free yet.
         assert [j.keys for j in tier.open.values()] == [[K(1)]]
         assert h.keys == []
-        assert e.lookup([K(1)]).results == [HIT]
         e.complete_store(h)
         tier.finish_all()
         e.poll()
         assert tier.held == {K(1)}
-        assert e.lookup([K(1)]).results == [PENDING]  # promoted back from the tier
+        assert e.lookup([K(1), K(2)]).results == [PENDING, HIT]  # K(1) was freed; promoted back
         assert e.stats()["writebacks"] == 1
+
+
+def test_a_hit_rescues_a_write_back_victim_being_flushed() -> None:
+    e, tier = scripted(2, write_policy="write_back")
+    with e:
+        e.complete_store(e.prepare_store([K(1), K(2)]))
+        e.complete_store(e.prepare_store([K(3)]))  # K(1) -> FLUSHING, K(3) dropped (no free slot)
+        assert e.lookup([K(1)]).results == [HIT]  # readable while flushing, and now kept
+        tier.finish_all()
+        e.poll()
+        assert tier.held == {K(1)}
+        assert e.lookup([K(1)]).results == [HIT]  # not freed when its flush ended
+        assert e.stats()["primary"]["flushing"] == 0
+        assert set(e.policy) == {K(1), K(2)}
 
 
 def test_write_back_with_a_fast_tier_does_not_drop_stores() -> None:

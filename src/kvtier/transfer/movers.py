@@ -39,6 +39,8 @@ from kvtier.errors import MisuseError
 __all__ = ["KVLayout", "copy_rows_in", "copy_rows_out", "gather_blocks", "scatter_blocks"]
 
 U8 = npt.NDArray[np.uint8]
+#: Slot numbers: a list of ints or an integer numpy array.
+Slots = Sequence[int] | npt.NDArray[np.integer[Any]]
 #: Below this many bytes per batch, a second thread costs more than it saves.
 PARALLEL_MIN_BYTES = 2 << 20
 
@@ -79,16 +81,24 @@ def _run_split(n: int, nbytes: int, body: Callable[[int, int], None]) -> None:
         fut.result()
 
 
+def _ints(slots: Slots) -> list[int]:
+    if isinstance(slots, np.ndarray):
+        out: list[int] = slots.tolist()
+        return out
+    return slots if isinstance(slots, list) else list(slots)
+
+
 def _runs(a: list[int], b: list[int]) -> list[tuple[int, int, int]]:
     """``(a0, b0, k)`` pieces where ``a`` and ``b`` both advance by one for ``k`` items.
 
     Consecutive slots filled from consecutive source blocks are copied with one ``copyto`` each:
-    fewer calls, and large copies let the C library use non-temporal stores (measured here: one
-    4 MiB ``memcpy`` per block reaches ~8 GB/s where one 256 MiB copy reaches ~11). Pieces are
-    capped at a quarter of the batch so both threads get work.
+    fewer calls, and large copies let the C library switch to non-temporal stores (glibc does so
+    above ~3/4 of the last-level cache per thread; measured here with a 300 MiB L3: 64 MiB copies
+    reach ~6-7 GB/s, 128 MiB and larger ~11). Pieces are capped at half the batch, so two threads
+    share one long run while each piece stays as large as possible.
     """
     n = len(a)
-    cap = max(1, -(-n // 4))
+    cap = max(1, -(-n // 2))
     out: list[tuple[int, int, int]] = []
     start = 0
     for i in range(1, n + 1):
@@ -120,7 +130,7 @@ def _as_bytes2d(data: Any, n: int, block_bytes: int, what: str) -> U8 | list[Any
 
 def copy_rows_in(
     rows: U8,
-    slots: npt.NDArray[np.int32],
+    slots: Slots,
     data: Any,
     src_index: Sequence[int],
     block_bytes: int,
@@ -136,7 +146,7 @@ def copy_rows_in(
     if n == 0:
         return 0
     src = _as_bytes2d(data, n_total, block_bytes, "store data")
-    sl = slots.tolist()
+    sl = _ints(slots)
     idx = list(src_index)
     if isinstance(src, np.ndarray):
         arr = src
@@ -165,14 +175,12 @@ def copy_rows_in(
     return n * block_bytes
 
 
-def copy_rows_out(
-    rows: U8, slots: npt.NDArray[np.int32], out: U8, dst_index: Sequence[int], block_bytes: int
-) -> int:
+def copy_rows_out(rows: U8, slots: Slots, out: U8, dst_index: Sequence[int], block_bytes: int) -> int:
     """Copy ``rows[slots[i], :block_bytes]`` into ``out[dst_index[i]]``; returns bytes copied."""
     n = len(slots)
     if n == 0:
         return 0
-    runs = _runs(slots.tolist(), list(dst_index))
+    runs = _runs(_ints(slots), list(dst_index))
 
     def body(lo: int, hi: int) -> None:
         for j in range(lo, hi):
@@ -275,12 +283,12 @@ class KVLayout:
                 raise MisuseError(f"block id {b} out of range 0..{self.num_blocks - 1}")
 
 
-def gather_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: npt.NDArray[np.int32]) -> int:
+def gather_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots) -> int:
     """KV cache -> primary: block ``block_ids[i]`` of every tensor into row ``slots[i]``. Returns bytes."""
     layout.check(block_ids, rows.shape[1])
     if layout.device != "cpu":  # pragma: no cover - needs a GPU
         return _cuda_gather(layout, block_ids, rows, slots)
-    sl = slots.tolist()
+    sl = _ints(slots)
     bids = list(block_ids)
     segs = list(zip(layout._views, layout.segments, strict=True))
 
@@ -295,12 +303,12 @@ def gather_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: n
     return len(sl) * layout.block_bytes
 
 
-def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: npt.NDArray[np.int32]) -> int:
+def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots) -> int:
     """Primary -> KV cache: row ``slots[i]`` into block ``block_ids[i]`` of every tensor. Returns bytes."""
     layout.check(block_ids, rows.shape[1])
     if layout.device != "cpu":  # pragma: no cover - needs a GPU
         return _cuda_scatter(layout, block_ids, rows, slots)
-    sl = slots.tolist()
+    sl = _ints(slots)
     bids = list(block_ids)
     segs = list(zip(layout._views, layout.segments, strict=True))
 
@@ -317,7 +325,7 @@ def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: 
 
 # -- CUDA (guarded; no GPU on the development host, so these lines are not exercised here) --------
 def _cuda_gather(
-    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: npt.NDArray[np.int32]
+    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 ) -> int:  # pragma: no cover
     import torch
 
@@ -329,7 +337,7 @@ def _cuda_gather(
         for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
             u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
             picked = u8.index_select(1, idx)  # (outer, n, inner) on the device
-            for i, s in enumerate(slots.tolist()):
+            for i, s in enumerate(_ints(slots)):
                 dst = host[s, off : off + outer * inner].view(outer, inner)
                 dst.copy_(picked[:, i, :], non_blocking=True)
     stream.synchronize()
@@ -337,7 +345,7 @@ def _cuda_gather(
 
 
 def _cuda_scatter(
-    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: npt.NDArray[np.int32]
+    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 ) -> int:  # pragma: no cover
     import torch
 
@@ -347,7 +355,7 @@ def _cuda_scatter(
     with torch.cuda.stream(stream):
         for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
             u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
-            for b, s in zip(block_ids, slots.tolist(), strict=True):
+            for b, s in zip(block_ids, _ints(slots), strict=True):
                 src = host[s, off : off + outer * inner].view(outer, inner)
                 u8[:, b, :].copy_(src, non_blocking=True)
     stream.synchronize()
