@@ -30,7 +30,9 @@ import enum
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Any, cast
 
 import numpy as np
@@ -217,9 +219,8 @@ class PrimaryTier:
         if take < need:
             pos = pos[:take]
             new_keys = new_keys[:take]
-        for k, s in zip(new_keys, slots, strict=True):
-            states[s] = _WRITING
-            sk[s] = k
+        _consume(map(states.__setitem__, slots, repeat(_WRITING, take)))
+        _consume(map(sk.__setitem__, slots, new_keys))
         self.index.update(zip(new_keys, slots, strict=True))
         return pos, slots, evicted, flush_keys, flush_slots, need - take
 
@@ -263,16 +264,12 @@ class PrimaryTier:
         # Pushed in reverse so the next reserve pops them back in this order: victims freed in LRU
         # order come back as ascending runs, which the movers copy with one call per run.
         self._free.extend(reversed(slots))
-        if not self.track_tiers:
-            for s in slots:
-                sk[s] = None
-                states[s] = _FREE
-            return
-        for s in slots:
-            sk[s] = None
-            states[s] = _FREE
-            hits[s] = 0
-            persisted[s] = 0
+        n = len(slots)
+        _consume(map(sk.__setitem__, slots, repeat(None, n)))
+        _consume(map(states.__setitem__, slots, repeat(_FREE, n)))
+        if self.track_tiers:
+            _consume(map(hits.__setitem__, slots, repeat(0, n)))
+            _consume(map(persisted.__setitem__, slots, repeat(0, n)))
 
     def commit(
         self,
@@ -285,14 +282,11 @@ class PrimaryTier:
         """WRITING -> READY for ``slots`` (holding ``keys``) and insert them into the policy."""
         sl = _ints(slots)
         states = self.states
-        for s in sl:
-            if states[s] != _WRITING:
-                raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
-            states[s] = _READY
+        if bytes(map(states.__getitem__, sl)).count(_WRITING) != len(sl):
+            raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
+        _consume(map(states.__setitem__, sl, repeat(_READY, len(sl))))
         if persisted:
-            p = self.persisted
-            for s in sl:
-                p[s] = 1
+            _consume(map(self.persisted.__setitem__, sl, repeat(1, len(sl))))
         if sl:
             self.policy.insert_many(keys, infos)
 
@@ -391,6 +385,10 @@ class PrimaryTier:
             "bytes": self.num_slots * self.row_stride if self.backing != "none" else 0,
             "pid": os.getpid(),
         }
+
+
+#: Runs an iterator to exhaustion in C (``map`` of a setter is a loop without bytecode per item).
+_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend
 
 
 def _ints(slots: Sequence[int] | I32) -> list[int]:
