@@ -504,7 +504,8 @@ class Engine(MoverMixin):
             mark = self._nemitted
             self.jobs.poll_locked()
             k = min(self._nemitted - mark, len(self._events))
-            new = list(self._events)[-k:] if k else []
+            ev = self._events  # newest k, read from the right end (O(k), not O(queue))
+            new = [ev[-i] for i in range(k, 0, -1)]
         if self._outbox:
             self._dispatch()
         return new

@@ -130,7 +130,7 @@ def test_evicted_to_example_tier_then_promoted_back_byte_exact() -> None:
         # Only the last 4 are in the primary tier now; the rest come back from the example tier.
         rep = e.lookup(keys[:4])
         assert rep.results == [PENDING] * 4 and rep.pending == 4 and rep.num_hits == 0
-        assert e.poll()  # the promotion finished: events
+        assert [(ev.kind, len(ev.keys), ev.tier) for ev in e.poll()] == [("promoted", 4, "example0")]
         rep = e.lookup(keys[:4])
         assert rep.results == [HIT] * 4
         out = np.zeros((4, BLOCK), np.uint8)
