@@ -548,3 +548,23 @@ def test_concurrent_callers_see_consistent_bytes() -> None:
     assert not errors, errors[0]
     assert st["jobs_inflight"] == 0 and st["unknown_results"] == 0 and st["tier_errors"] == 0
     assert st["primary"]["pinned"] == 0
+
+
+def test_tiers_and_policies_never_import_the_engine() -> None:
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).parents[2] / "src" / "kvtier"
+    offenders = []
+    for sub in ("tiers", "policies"):
+        for path in sorted((root / sub).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                offenders += [
+                    f"{path.name}: {n}" for n in names if n.startswith(("kvtier.engine", "kvtier.primary"))
+                ]
+    assert offenders == []
