@@ -13,7 +13,8 @@ For each block size (default 1 MiB and 4 MiB, 64 blocks each):
 
 The end-to-end figures (including the engine's copies between the caller's array and the primary
 tier) are printed too, with their own ratios. Each measurement is the best of ``--repeat`` rounds
-(fresh keys each round; tier and raw interleaved). ``--json`` prints ONE JSON object.
+(fresh keys and files each round; tier and raw interleaved, alternating which goes first).
+``--json`` prints ONE JSON object.
 
 vLLM's own ``fs`` tier is compared only when ``import vllm`` works (it is not installed here).
 """
@@ -98,13 +99,15 @@ def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.nda
     return {"store": t2 - t1, "store_e2e": t2 - t0, "load": t4 - t3, "load_e2e": t5 - t3}
 
 
-def bench_size(root: str, block_bytes: int, blocks: int, threads: int, repeat: int) -> dict[str, Any]:
+def bench_size(
+    root: str, block_bytes: int, blocks: int, threads: int, repeat: int, direct_io: str = "auto"
+) -> dict[str, Any]:
     row = -(-block_bytes // 4096) * 4096
     cfg = {
         "block_bytes": block_bytes,
         "cpu_bytes_to_use": row * blocks,
         "model": f"bench-fs-{block_bytes}",
-        "secondary_tiers": [{"type": "fs", "root_dir": root, "threads": threads}],
+        "secondary_tiers": [{"type": "fs", "root_dir": root, "threads": threads, "direct_io": direct_io}],
     }
     rng = np.random.default_rng(block_bytes)
     # Page-aligned like the primary buffer, so the raw loop may use O_DIRECT exactly as the tier does.
@@ -120,14 +123,19 @@ def bench_size(root: str, block_bytes: int, blocks: int, threads: int, repeat: i
         direct = fs.direct_io
         for r in range(repeat):
             keys = [BlockKey(f"bench/{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]
-            tier = _tier_round(eng, keys, data, out)
             rd = os.path.join(raw_dir, str(r))
             os.mkdir(rd)
-            raw = {"raw_store": _raw_store(pool, rd, data, direct)}
-            out[:] = 0
-            raw["raw_load"] = _raw_load(pool, rd, out)
-            if not np.array_equal(out, data):
-                raise RuntimeError("raw loop read back wrong bytes")
+            raw: dict[str, float] = {}
+            # Alternate which side goes first, so neither always follows the other's writes.
+            for side in ("tier", "raw") if r % 2 == 0 else ("raw", "tier"):
+                if side == "tier":
+                    tier = _tier_round(eng, keys, data, out)
+                    continue
+                raw["raw_store"] = _raw_store(pool, rd, data, direct)
+                out[:] = 0
+                raw["raw_load"] = _raw_load(pool, rd, out)
+                if not np.array_equal(out, data):
+                    raise RuntimeError("raw loop read back wrong bytes")
             for k, v in {**tier, **raw}.items():
                 best[k] = min(best.get(k, float("inf")), v)
         stats = fs.get_stats()
@@ -153,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--sizes", default="1MiB,4MiB", help="comma-separated block sizes")
     ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument(
+        "--direct-io", default="auto", choices=("auto", "never"),
+        help="the tier's direct_io option; the raw loop uses O_DIRECT exactly when the tier does",
+    )  # fmt: skip
     ap.add_argument("--dir", default=None, help="parent directory of the scratch root (default: system temp)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="kvtier-bench-fs-", dir=args.dir)
     t0 = time.perf_counter()
     try:
-        results = [bench_size(root, s, args.blocks, args.threads, args.repeat) for s in sizes]
+        results = [bench_size(root, s, args.blocks, args.threads, args.repeat, args.direct_io) for s in sizes]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     vllm_note = "vllm not importable: vLLM fs-tier comparison skipped"

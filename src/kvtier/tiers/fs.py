@@ -63,6 +63,12 @@ class _Job:
     nbytes: int = 0
     error: str | None = None
     t0: float = field(default_factory=time.perf_counter)
+    # Stores only: the job reserves once (first task) and publishes once (last task), so a job
+    # costs two trips through the shared lock, however many tasks it is split into.
+    items: list[tuple[BlockKey, int]] = field(default_factory=list)
+    granted: set[BlockKey] | None = None
+    written: list[tuple[BlockKey, str, str, int]] = field(default_factory=list)
+    gate: threading.Lock = field(default_factory=threading.Lock)
 
 
 class FsTier(IndexSync, SecondaryTier):
@@ -260,7 +266,7 @@ class FsTier(IndexSync, SecondaryTier):
                 self._results.append(JobResult(job.job_id, True))
                 return
             chunks = self._chunks(items)
-            state = _Job(job, len(chunks), ok=skipped)
+            state = _Job(job, len(chunks), ok=skipped, items=items)
             self._jobs_open += 1
         for chunk in chunks:
             self._pool.submit(PRIO_STORE, functools.partial(self._store_chunk, state, chunk))
@@ -321,51 +327,95 @@ class FsTier(IndexSync, SecondaryTier):
                 for k in job.keys:
                     if self._loading[k] <= 0:
                         del self._loading[k]
-            success = all(k in state.ok for k in job.keys)
-            if not success:
-                self.stats.failed_jobs += 1
-            partial = None if success else frozenset(state.ok)
-            seconds = time.perf_counter() - state.t0
-            self._results.append(JobResult(job.job_id, success, partial, state.nbytes, seconds, state.error))
-            self._jobs_open -= 1
+            self._report_locked(state)
+
+    def _report_locked(self, state: _Job) -> None:
+        job = state.job
+        success = all(k in state.ok for k in job.keys)
+        if not success:
+            self.stats.failed_jobs += 1
+        partial = None if success else frozenset(state.ok)
+        seconds = time.perf_counter() - state.t0
+        self._results.append(JobResult(job.job_id, success, partial, state.nbytes, seconds, state.error))
+        self._jobs_open -= 1
 
     # -- stores ------------------------------------------------------------------------------
     def _store_chunk(self, state: _Job, items: list[tuple[BlockKey, int]]) -> None:
-        ok: list[BlockKey] = []
-        nbytes = 0
+        written: list[tuple[BlockKey, str, str, int]] = []
         error: str | None = None
         try:
-            granted = self._reserve(items)
-            written: list[tuple[BlockKey, str, str, int]] = []
-            for key, slot in granted:
+            granted = self._job_grant(state)
+            for key, slot in items:
+                if key not in granted:
+                    continue
                 size = self.layout.file_size(len(key))
                 tmp = os.path.join(self._acct.tmp_dir, f"{self._token}.{next(self._seq)}")
+                final = self.layout.path_of(key)
                 try:
                     self._write_file(tmp, key, slot)
-                    written.append((key, tmp, self.layout.path_of(key), size))
+                    written.append((key, tmp, final, size))
                 except OSError as exc:
                     error = self._store_failed(exc, tmp, size)
-            if len(granted) < len(items):
-                error = error or "capacity: no evictable block (stores dropped)"
-            if written:
+                    continue
                 try:
-                    ok = self._publish(written)
-                except OSError:
-                    self._unpublished(written)
-                    raise
-                nbytes = self.block_bytes * len(ok)
-        except OSError as exc:  # accounting file or directory trouble: fail the chunk, never raise
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self._full_until = time.monotonic() + self.full_backoff
-            error = f"{type(exc).__name__}: {exc}"
-            self._rlog.warning("acct", f"kvtier fs {self.name}: store failed: {error}")
+                    self._ensure_dir(final)
+                except OSError as exc:  # publish retries it and fails the block cleanly
+                    error = self._section_failed(exc)
+        except OSError as exc:  # accounting file trouble: fail the chunk, never raise
+            error = self._section_failed(exc)
         finally:
             with self._lock:
-                for key, _ in items:
+                state.written.extend(written)
+                if error and not state.error:
+                    state.error = error
+                state.chunks_left -= 1
+                last = state.chunks_left == 0
+            if last:
+                self._finish_store(state)
+
+    def _job_grant(self, state: _Job) -> set[BlockKey]:
+        """Reserve room for the whole job once (the first task to run does it)."""
+        with state.gate:
+            if state.granted is None:
+                state.granted = set()  # an exception below leaves nothing granted
+                granted = self._reserve(state.items)
+                state.granted = {k for k, _ in granted}
+                if len(granted) < len(state.items):
+                    state.error = state.error or "capacity: no evictable block (stores dropped)"
+            return state.granted
+
+    def _finish_store(self, state: _Job) -> None:
+        """Publish every block the job's tasks wrote (one critical section), then report it."""
+        ok: list[BlockKey] = []
+        error: str | None = None
+        try:
+            if state.written:
+                try:
+                    ok = self._publish(state.written)
+                except OSError:
+                    self._unpublished(state.written)
+                    raise
+        except OSError as exc:
+            error = self._section_failed(exc)
+        finally:
+            nbytes = self.block_bytes * len(ok)
+            with self._lock:
+                for key, _ in state.items:
                     self._storing.discard(key)
                 self.stats.stores += len(ok)
                 self.stats.bytes_written += nbytes
-            self._chunk_done(state, ok, nbytes, error, load=False)
+                state.ok.update(ok)
+                state.nbytes += nbytes
+                if error and not state.error:
+                    state.error = error
+                self._report_locked(state)
+
+    def _section_failed(self, exc: OSError) -> str:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._full_until = time.monotonic() + self.full_backoff
+        error = f"{type(exc).__name__}: {exc}"
+        self._rlog.warning("acct", f"kvtier fs {self.name}: store failed: {error}")
+        return error
 
     def _unpublished(self, written: list[tuple[BlockKey, str, str, int]]) -> None:
         """Publishing failed before the renames (mkdir or accounting I/O): drop the temp files and
@@ -453,15 +503,22 @@ class FsTier(IndexSync, SecondaryTier):
         )
         write_block(tmp, key, payload.data, self.layout.ns_tag, direct=direct, fsync=self.fsync)
 
+    def _ensure_dir(self, final: str) -> None:
+        """Create the block's shard directories (both 0700; os.makedirs would set the leaf only).
+
+        Called by the worker that wrote the block, so the costly mkdirs of a young tree run in
+        parallel with other writes instead of in the job's single publish step.
+        """
+        d = os.path.dirname(final)
+        if d not in self._dirs_made:
+            for level in (os.path.dirname(d), d):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(level, 0o700)
+            self._dirs_made.add(d)
+
     def _publish(self, written: list[tuple[BlockKey, str, str, int]]) -> list[BlockKey]:
         for _, _, final, _ in written:
-            d = os.path.dirname(final)
-            if d not in self._dirs_made:
-                # Both shard levels 0700 (os.makedirs applies its mode to the leaf only).
-                for level in (os.path.dirname(d), d):
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(level, 0o700)
-                self._dirs_made.add(d)
+            self._ensure_dir(final)  # normally done already; cheap set lookup then
         ok: list[BlockKey] = []
         now = time.time()
         with self._acct.section() as st:
