@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtier.config import load_config
 from kvtier.keys import KeyNamespace
@@ -183,3 +185,26 @@ def test_prometheus_scraped_during_replay_matches_report(tmp_path: Path) -> None
         assert final[f'kvtier_bytes_total{{direction="read",{lab}}}'] == t.bytes_read
         assert final[f'kvtier_bytes_total{{direction="write",{lab}}}'] == t.bytes_written
     assert final['kvtier_hits_total{tier="fs0"}'] > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    convs=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 8)), min_size=1, max_size=50),
+    capacity=st.integers(8, 40),
+    policy=st.sampled_from(["lru", "arc", "s3fifo", "sieve", "prefix"]),
+)
+def test_real_equals_simulate_on_random_traces(
+    convs: list[tuple[int, int]], capacity: int, policy: str
+) -> None:
+    reqs = [
+        TraceRequest(float(i), tuple(conv * 100 + j for j in range(turns)))
+        for i, (conv, turns) in enumerate(convs)
+    ]
+    config = capacity_config(load_config({"block_bytes": 64}), capacity, policy)
+    trace = prepare_trace(reqs, KeyNamespace.from_config(config, block_size=512))
+    real = replay(trace, config)
+    sim = replay(trace, config, simulate=True)
+    assert (real.block_hits, real.prefix_hits, real.tiers[0].evictions) == (
+        sim.block_hits, sim.prefix_hits, sim.tiers[0].evictions,
+    )  # fmt: skip
+    assert real.verify_mismatches == 0 and real.verified_blocks == real.block_hits

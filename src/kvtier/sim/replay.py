@@ -473,7 +473,9 @@ def _run_real(
     # pin stay a small share of the primary tier and never force a store to be dropped.
     overlap = min(_MAX_INFLIGHT_JOBS, engine.num_slots // 512)
     buf = np.empty((max(max_n, 1), config.block_bytes), dtype=np.uint8)
-    for i, (keys, last, tenant) in enumerate(zip(trace.keys, trace.last_tokens, trace.tenants, strict=True)):
+    for i, (keys, infos, last, tenant) in enumerate(
+        zip(trace.keys, trace.infos, trace.last_tokens, trace.tenants, strict=True)
+    ):
         n = len(keys)
         if not n:
             continue
@@ -492,7 +494,7 @@ def _run_real(
         cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
 
         hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
-        recompute: list[BlockKey] = []
+        recompute: list[int] = []
         if hit_idx:
             t2 = clock()
             if rep.pending:
@@ -511,7 +513,7 @@ def _run_real(
             if copied:
                 report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
                 report.verified_blocks += copied
-            recompute = hit_keys[copied:]
+            recompute = hit_idx[copied:]
             dt = clock() - t2
             lat_load.append(dt)
             src = "primary"
@@ -521,12 +523,12 @@ def _run_real(
             lat_by_tier[src].append(dt)
         if len(hit_idx) < n or recompute:
             hit_set = set(hit_idx)
-            mk = [k for j, k in enumerate(keys) if j not in hit_set]
-            if recompute:
-                # Resident ones among them are skipped by the engine; the lost ones are stored again.
-                mk.extend(recompute)
+            # Blocks whose load failed are recomputed too (resident ones are skipped by the engine).
+            idx = [j for j in range(n) if j not in hit_set] + recompute
+            mk = [keys[j] for j in idx]
             t3 = clock()
-            engine.store_blocks(mk, payload.make(mk), ctx)
+            # Same BlockInfo (parent, depth, tenant) as simulate mode: prefix-aware policies use it.
+            engine.store_blocks(mk, payload.make(mk), ctx, [infos[j] for j in idx])
             # Bounded overlap: tier writes run while the next requests are served, but never more
             # than a few requests' worth, so pinned write-through slots cannot crowd out stores.
             if sync or engine.inflight_jobs > overlap:
