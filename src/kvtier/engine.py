@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _MISS, _HIT, _PENDING, _RETRY = 0, 1, 2, 3
 _READY, _WRITING, _FLUSHING = 2, 1, 3
+_CLOSED = "engine is closed; create a new Engine"
 _EVENT_QUEUE = 65536
 
 
@@ -186,7 +187,7 @@ class Engine(MoverMixin):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise MisuseError("engine is closed; create a new Engine")
+            raise MisuseError(_CLOSED)
 
     def _emit(self, kind: str, keys: Sequence[BlockKey], tier: str | None = None) -> None:
         ev = EngineEvent(kind, tuple(keys), tier, self._clock())
@@ -233,7 +234,8 @@ class Engine(MoverMixin):
     def _reserve(self, ikeys: list[BlockKey]) -> tuple[list[int], list[int], int]:
         pr = self.primary
         pos, slots, evicted, fk, fs, dropped = pr.reserve(ikeys, flush_dirty=self._write_back)
-        self._after_evict(evicted, fk, fs)
+        if evicted or fk:
+            self._after_evict(evicted, fk, fs)
         if dropped and self._write_back and self.jobs.inflight:
             # Write-back victims free their slots only when the flush ends; fast tiers are done
             # already, so collect their results and try the dropped keys once more.
@@ -252,10 +254,16 @@ class Engine(MoverMixin):
         secondary tier reserves a primary slot and is promoted by one batched job per (tier, call);
         when no slot or no promotion budget is available it is answered MISS.
         """
-        ikeys = self._scope(keys, request)
+        # Inlined fast paths (no tenant, a list; open engine): this runs once per request.
+        ikeys = (
+            keys
+            if (request is None or request.tenant is None) and type(keys) is list
+            else self._scope(keys, request)
+        )
         n = len(ikeys)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                raise MisuseError(_CLOSED)
             pr = self.primary
             slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
             codes = bytearray(n)
@@ -400,9 +408,14 @@ class Engine(MoverMixin):
         Keys that find no slot (every other slot pinned or being written) are dropped and counted.
         Write the bytes into ``primary_kv_view[slot_ids[i]]``, then call :meth:`complete_store`.
         """
-        ikeys = self._scope(keys, request)
+        ikeys = (
+            keys
+            if (request is None or request.tenant is None) and type(keys) is list
+            else self._scope(keys, request)
+        )
         with self._lock:
-            self._check_open()
+            if self._closed:
+                raise MisuseError(_CLOSED)
             pl, slots, dropped = self._reserve(ikeys)
             if len(pl) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
                 internal = ikeys[:]
@@ -418,7 +431,8 @@ class Engine(MoverMixin):
                 self.c["dropped_stores"] += dropped
                 index = self.primary.index
                 self._emit("dropped", [k for k in ikeys if k not in index])
-            token = self._next_token()
+            self._token = token = self._token + 1
+            self._open_handles.add(token)
         if self._outbox:
             self._dispatch()
         return StoreHandle(user, slots, pl, request, internal, sel, token)
@@ -426,8 +440,14 @@ class Engine(MoverMixin):
     def complete_store(self, handle: StoreHandle, success: bool = True) -> None:
         """Make the slots READY (or free them when ``success`` is false); then the write policy runs."""
         with self._lock:
-            self._check_open()
-            self._close_token(handle.token, "complete_store")
+            if self._closed:
+                raise MisuseError(_CLOSED)
+            try:
+                self._open_handles.remove(handle.token)
+            except KeyError:
+                raise MisuseError(
+                    "complete_store: handle already completed or not from this engine"
+                ) from None
             keys, slots = handle.internal_keys, handle.slots
             if not success:
                 self.primary.abort(keys, slots)

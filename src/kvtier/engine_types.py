@@ -110,7 +110,10 @@ class StoreHandle:
         token: int = 0,
     ) -> None:
         self.keys = keys
-        self.slots, self._slot_ids = _slots(slot_ids)
+        if type(slot_ids) is list:
+            self.slots, self._slot_ids = slot_ids, None
+        else:
+            self.slots, self._slot_ids = _slots(slot_ids)
         self.positions = positions if positions is not None else list(range(len(keys)))
         self.request = request
         self.internal_keys = internal_keys if internal_keys is not None else keys

@@ -128,6 +128,8 @@ class PrimaryTier:
         self._free: list[int] = list(range(n - 1, -1, -1))
         self._pinned: set[BlockKey] = set()
         self._nflushing = 0
+        # len(policy) kept here: the policy's __len__ is a Python call on the per-request path.
+        self._in_policy = 0
         self.closed = False
         #: Whether ``hits``/``persisted`` matter (secondary tiers exist); skipped on the simulate path.
         self.track_tiers = True
@@ -230,13 +232,14 @@ class PrimaryTier:
         policy = self.policy
         # Pinned READY keys are in the policy but not evictable; FLUSHING keys are pinned but were
         # already removed from the policy.
-        evictable = len(policy) - (len(self._pinned) - self._nflushing)
+        evictable = self._in_policy - (len(self._pinned) - self._nflushing)
         n = min(want, evictable)
         if n <= 0:
             return [], [], []
         victims = policy.evict(n, self._pinned, incoming)
         if not victims:
             return [], [], []
+        self._in_policy -= len(victims)
         index = self.index
         if flush_dirty:
             persisted = self.persisted
@@ -280,7 +283,7 @@ class PrimaryTier:
         persisted: bool = False,
     ) -> None:
         """WRITING -> READY for ``slots`` (holding ``keys``) and insert them into the policy."""
-        sl = _ints(slots)
+        sl = slots if type(slots) is list else _ints(slots)
         states = self.states
         if bytes(map(states.__getitem__, sl)).count(_WRITING) != len(sl):
             raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
@@ -289,6 +292,7 @@ class PrimaryTier:
             _consume(map(self.persisted.__setitem__, sl, repeat(1, len(sl))))
         if sl:
             self.policy.insert_many(keys, infos)
+            self._in_policy += len(sl)
 
     def abort(self, keys: Sequence[BlockKey], slots: Sequence[int] | I32) -> None:
         """WRITING -> FREE (a failed store or promotion)."""
@@ -311,6 +315,7 @@ class PrimaryTier:
         self._nflushing -= len(back)
         if back:
             self.policy.insert_many(back)
+            self._in_policy += len(back)
 
     # -- pins --------------------------------------------------------------------------------
     def pin(self, slots: Sequence[int] | I32) -> None:
@@ -361,6 +366,7 @@ class PrimaryTier:
         remove = self.policy.remove
         for k in keys:
             remove(k)
+        self._in_policy -= len(keys)
         self._release(keys)
         return keys
 

@@ -243,6 +243,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert int(np.count_nonzero(states == SlotState.FREE)) == pr.num_free
         ready = {pr.slot_keys[s] for s in np.flatnonzero(states == SlotState.READY).tolist()}
         assert set(pr.policy) == ready  # WRITING and FLUSHING blocks are never eviction candidates
+        assert pr._in_policy == len(pr.policy)  # the engine's cached count agrees with the policy
         assert pr.pinned_keys == {pr.slot_keys[s] for s in np.flatnonzero(pr.pins_np).tolist()}
 
     @invariant()
