@@ -30,9 +30,7 @@ import enum
 import itertools
 import logging
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -221,8 +219,9 @@ class PrimaryTier:
         if take < need:
             pos = pos[:take]
             new_keys = new_keys[:take]
-        _consume(map(states.__setitem__, slots, repeat(_WRITING, take)))
-        _consume(map(sk.__setitem__, slots, new_keys))
+        for s, k in zip(slots, new_keys, strict=True):  # plain loops: 3.11 specialises stores
+            states[s] = _WRITING
+            sk[s] = k
         self.index.update(zip(new_keys, slots, strict=True))
         return pos, slots, evicted, flush_keys, flush_slots, need - take
 
@@ -267,12 +266,16 @@ class PrimaryTier:
         # Pushed in reverse so the next reserve pops them back in this order: victims freed in LRU
         # order come back as ascending runs, which the movers copy with one call per run.
         self._free.extend(reversed(slots))
-        n = len(slots)
-        _consume(map(sk.__setitem__, slots, repeat(None, n)))
-        _consume(map(states.__setitem__, slots, repeat(_FREE, n)))
-        if self.track_tiers:
-            _consume(map(hits.__setitem__, slots, repeat(0, n)))
-            _consume(map(persisted.__setitem__, slots, repeat(0, n)))
+        if not self.track_tiers:
+            for s in slots:
+                sk[s] = None
+                states[s] = _FREE
+            return
+        for s in slots:
+            sk[s] = None
+            states[s] = _FREE
+            hits[s] = 0
+            persisted[s] = 0
 
     def commit(
         self,
@@ -285,11 +288,15 @@ class PrimaryTier:
         """WRITING -> READY for ``slots`` (holding ``keys``) and insert them into the policy."""
         sl = slots if type(slots) is list else _ints(slots)
         states = self.states
-        if bytes(map(states.__getitem__, sl)).count(_WRITING) != len(sl):
-            raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
-        _consume(map(states.__setitem__, sl, repeat(_READY, len(sl))))
+        for s in sl:
+            if states[s] != _WRITING:
+                raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
+        for s in sl:
+            states[s] = _READY
         if persisted:
-            _consume(map(self.persisted.__setitem__, sl, repeat(1, len(sl))))
+            p = self.persisted
+            for s in sl:
+                p[s] = 1
         if sl:
             self.policy.insert_many(keys, infos)
             self._in_policy += len(sl)
@@ -391,10 +398,6 @@ class PrimaryTier:
             "bytes": self.num_slots * self.row_stride if self.backing != "none" else 0,
             "pid": os.getpid(),
         }
-
-
-#: Runs an iterator to exhaustion in C (``map`` of a setter is a loop without bytecode per item).
-_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend
 
 
 def _ints(slots: Sequence[int] | I32) -> list[int]:
