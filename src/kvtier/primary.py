@@ -51,7 +51,7 @@ I32 = npt.NDArray[np.integer[Any]]
 
 
 class SlotState(enum.IntEnum):
-    """State of one primary slot (stored in an ``int8`` array)."""
+    """State of one primary slot (one byte of ``PrimaryTier.states``)."""
 
     FREE = 0
     WRITING = 1
