@@ -7,6 +7,7 @@ endpoint on 127.0.0.1; nothing is mocked.
 from __future__ import annotations
 
 import os
+import tempfile
 import urllib.request
 from functools import cache
 from pathlib import Path
@@ -208,3 +209,36 @@ def test_real_equals_simulate_on_random_traces(
         sim.block_hits, sim.prefix_hits, sim.tiers[0].evictions,
     )  # fmt: skip
     assert real.verify_mismatches == 0 and real.verified_blocks == real.block_hits
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    convs=st.lists(st.tuples(st.integers(0, 8), st.integers(1, 8)), min_size=1, max_size=40),
+    primary=st.integers(8, 24),
+    fs_blocks=st.integers(4, 40),
+    write_policy=st.sampled_from(["write_through", "after_hits"]),
+)
+def test_two_tier_real_equals_simulate_on_random_traces(
+    convs: list[tuple[int, int]], primary: int, fs_blocks: int, write_policy: str
+) -> None:
+    reqs = [
+        TraceRequest(float(i), tuple(conv * 100 + j for j in range(turns)))
+        for i, (conv, turns) in enumerate(convs)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = {
+            "block_bytes": 64,
+            "cpu_bytes_to_use": primary * 4096,
+            "write_policy": write_policy,
+            "secondary_tiers": [
+                {"type": "fs", "root_dir": tmp, "max_bytes": fs_blocks * (4096 + 64), "threads": 1,
+                 "direct_io": "never"},
+            ],
+        }  # fmt: skip
+        config = load_config(raw)
+        trace = prepare_trace(reqs, KeyNamespace.from_config(config, block_size=512))
+        real = replay(trace, config, sync=True)
+    sim = replay(trace, config, simulate=True)
+    got = [(t.name, t.hits, t.evictions, t.dropped_stores) for t in real.tiers]
+    assert got == [(t.name, t.hits, t.evictions, t.dropped_stores) for t in sim.tiers]
+    assert real.verify_mismatches == 0 and real.failed_loads == 0

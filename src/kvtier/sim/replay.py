@@ -529,12 +529,13 @@ def _run_real(
             t3 = clock()
             # Same BlockInfo (parent, depth, tenant) as simulate mode: prefix-aware policies use it.
             engine.store_blocks(mk, payload.make(mk), ctx, [infos[j] for j in idx])
-            # Bounded overlap: tier writes run while the next requests are served, but never more
-            # than a few requests' worth, so pinned write-through slots cannot crowd out stores.
-            if sync or engine.inflight_jobs > overlap:
-                engine.drain()
-            engine.poll()
             lat_store.append(clock() - t3)
+        # Bounded overlap: tier writes (write-through stores, and after-hits stores started by the
+        # lookup) run while the next requests are served, but never more than a few requests'
+        # worth, so slots pinned by them cannot crowd out stores.
+        if sync or engine.inflight_jobs > overlap:
+            engine.drain()
+        engine.poll()
         if (i + 1) % _PROGRESS_EVERY == 0:
             engine.events()
             if progress is not None:

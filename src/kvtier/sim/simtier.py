@@ -13,8 +13,11 @@ Capacity model (from the tier's config entry):
     * any other type with ``max_bytes``: ``max_bytes // block_bytes`` blocks, same policy keys.
     * no ``max_bytes``: unbounded.
 Like ``FsTier``: a store of a block already held refreshes it (touch), a load refreshes the loaded
-blocks, lookups do not. What the model leaves out is timing: real tiers finish jobs later, and the
-fs tier's worker threads may insert a job's blocks in a different order.
+blocks, lookups do not; a store job is written in chunks (``FsTier``'s ``batch_blocks`` and
+``threads`` options give their size), space for a chunk is made by evicting blocks that are not part
+of the job still being written, and what still does not fit is dropped (the leading blocks of a chunk
+win). What the model leaves out is timing: real tiers finish jobs later, and the fs tier's worker
+threads may run a job's chunks in another order (with ``threads: 1`` they run in order, as here).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class SimTier(SecondaryTier):
         policy: CachePolicy,
         max_blocks: int | None,
         medium: str,
+        chunk_blocks: Callable[[int], int] | None = None,
     ) -> None:
         # Not SecondaryTier.__init__: it requires rows that hold a block, and a simulate engine's
         # view has rows of length 0. Nothing here reads the view; the attributes are set as the
@@ -69,6 +73,7 @@ class SimTier(SecondaryTier):
         self.context = TierContext(name, max(block_bytes, 1))
         self.stats = TierStats()
         self._policy = policy
+        self._chunk = chunk_blocks or (lambda n: max(n, 1))
         self._max = max_blocks if max_blocks is not None else _UNBOUNDED
         self.medium = medium  # type: ignore[misc]  # per instance: mirrors the modelled tier
         self._done: list[JobResult] = []
@@ -85,20 +90,31 @@ class SimTier(SecondaryTier):
 
     def submit_store(self, job: TransferJob) -> None:
         pol = self._policy
-        stored = 0
-        dropped = 0
+        new: list[BlockKey] = []
         for key in job.keys:
             if key in pol:
-                pol.touch(key)
-                continue
-            if len(pol) >= self._max:
-                victims = pol.evict(1)
-                if not victims:
-                    dropped += 1
-                    continue
-                self.stats.evictions += len(victims)
-            pol.insert(key)
-            stored += 1
+                pol.touch(key)  # offered again = in use
+            elif key not in new:
+                new.append(key)
+        writing = set(new)  # blocks of this job not written yet: never victims
+        stored = dropped = 0
+        per = self._chunk(len(new))
+        for lo in range(0, len(new), per):
+            chunk = new[lo : lo + per]
+            free = self._max - len(pol)
+            if free < len(chunk):
+                evictable = len(pol) - sum(1 for k in writing if k in pol)
+                want = min(len(chunk) - free, evictable)
+                if want > 0:
+                    victims = pol.evict(want, writing)
+                    self.stats.evictions += len(victims)
+                    free += len(victims)
+            granted = max(0, min(len(chunk), free))
+            for key in chunk[:granted]:
+                pol.insert(key)
+            stored += granted
+            dropped += len(chunk) - granted
+            writing.difference_update(chunk)
         self.stats.stores += stored
         self.stats.dropped_stores += dropped
         self.stats.bytes_written += stored * self.block_bytes
@@ -159,6 +175,12 @@ def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
         pname = str(tc.options.get("eviction_policy", "lru"))
         popts = dict(tc.options.get("policy_options") or {})
         policy = POLICIES.resolve(pname, plugins=config.plugins)(policy_cap, **popts)
+        chunk = None
+        if tc.type == "fs":
+            # FsTier._chunks: jobs split over its threads, at most batch_blocks per chunk.
+            batch = int(tc.options.get("batch_blocks", 8))
+            threads = int(tc.options.get("threads", 4))
+            chunk = functools.partial(_fs_chunk, batch=batch, threads=threads)
         out.append(
             functools.partial(
                 _make,
@@ -167,9 +189,14 @@ def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
                 policy=policy,
                 max_blocks=max_blocks,
                 medium=str(getattr(cls, "medium", "STORAGE")),
+                chunk_blocks=chunk,
             )
         )
     return out
+
+
+def _fs_chunk(n: int, *, batch: int, threads: int) -> int:
+    return max(1, min(batch, -(-n // max(threads, 1))))
 
 
 def _make(view: memoryview, **kw: Any) -> SimTier:
