@@ -29,6 +29,7 @@ from itertools import repeat
 from typing import Any
 
 from kvtier.config import KvtierConfig, load_config
+from kvtier.engine_build import build_tiers, config_namespace
 from kvtier.engine_jobs import JobBook
 from kvtier.engine_movers import MoverMixin
 from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
@@ -47,12 +48,6 @@ _MISS, _HIT, _PENDING, _RETRY = 0, 1, 2, 3
 _READY, _WRITING, _FLUSHING = 2, 1, 3
 _CLOSED = "engine is closed; create a new Engine"
 _EVENT_QUEUE = 65536
-
-
-def config_namespace(config: KvtierConfig) -> str:
-    """Stable hex fingerprint of what a block's bytes mean (model, block size) and the salt."""
-    raw = f"{config.model}\0{config.block_bytes}\0{config.cache_salt}".encode()
-    return hashlib.blake2b(raw, digest_size=16, person=b"kvtier-ns").hexdigest()
 
 
 class Engine(MoverMixin):
@@ -113,7 +108,7 @@ class Engine(MoverMixin):
         self.row_stride = self.primary.row_stride
         self.primary_kv_view: memoryview = self.primary.primary_kv_view
         try:
-            self.tiers: list[SecondaryTier] = self._build_tiers(spec, tiers, simulate)
+            self.tiers: list[SecondaryTier] = build_tiers(self, spec, tiers, simulate)
         except BaseException:
             self.primary.close()
             raise
@@ -141,38 +136,6 @@ class Engine(MoverMixin):
             ),
             0,
         )  # fmt: skip
-
-    def _build_tiers(self, spec: Any, tiers: Sequence[Any] | None, simulate: bool) -> list[SecondaryTier]:
-        if tiers is not None:
-            built: list[SecondaryTier] = []
-            view = self.primary_kv_view
-            for t in tiers:
-                if not isinstance(t, SecondaryTier) and callable(t):
-                    t = t(view)  # a factory: build the tier on this engine's buffer
-                if not isinstance(t, SecondaryTier):
-                    raise MisuseError(
-                        f"tiers must be SecondaryTier instances or factories, got {type(t).__name__}"
-                    )
-                if t.primary_kv_view.obj is not view.obj:
-                    if t.primary_kv_view.shape != view.shape:
-                        raise MisuseError(
-                            f"tier {t.name!r} was built on a view of shape {t.primary_kv_view.shape}; "
-                            f"this engine's primary_kv_view is {view.shape} (pass a factory instead)"
-                        )
-                    # Built on a placeholder of the right shape: attach it to the real buffer.
-                    t.primary_kv_view = view
-                    t.rows = self.primary.rows
-                built.append(t)
-            return built
-        if not self.config.secondary_tiers:
-            return []
-        if simulate:
-            log.info("kvtier: primary_backing 'none' (simulation): secondary_tiers are not built")
-            return []
-        from kvtier.plugins import tier_contexts
-
-        contexts = tier_contexts(self.config, namespace=self.namespace, clock=self._clock)
-        return list(spec.create_tiers(self.primary_kv_view, contexts))
 
     # -- helpers -----------------------------------------------------------------------------
     def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]:
