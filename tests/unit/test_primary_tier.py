@@ -232,3 +232,16 @@ def test_default_shm_name_is_private_and_removed() -> None:
     assert name.startswith(f"kvtier-{os.getpid()}-")
     e.close()
     assert shm_files(name) == []  # a private name leaves nothing behind, not even its init lock
+
+
+@pytest.mark.parametrize("backing", ["heap", "torch"])
+def test_engine_round_trip_on_each_byte_backing(backing: str) -> None:
+    if backing == "torch":
+        pytest.importorskip("torch")  # CPU tensor here: no GPU on this host
+    data = np.random.default_rng(7).integers(0, 256, (3, 5000), dtype=np.uint8)
+    keys = [K(i) for i in range(3)]
+    with Engine({"cpu_bytes_to_use": 4 * 8192, "block_bytes": 5000, "primary_backing": backing}) as e:
+        assert e.store_blocks(keys, data) == 3
+        out = np.zeros_like(data)
+        assert e.load_blocks(keys, out) == 3
+        assert np.array_equal(out, data)
