@@ -60,7 +60,13 @@ class LookupReport:
     @property
     def results(self) -> list[LookupResult]:
         if self._results is None:
-            self._results = [_RESULTS[c] for c in self.codes]
+            c = self.codes
+            if not c.strip(b"\x00"):  # all misses (the common request): one C-level list
+                self._results = [LookupResult.MISS] * len(c)
+            elif not c.strip(b"\x01"):
+                self._results = [LookupResult.HIT] * len(c)
+            else:
+                self._results = [_RESULTS[x] for x in c]
         return self._results
 
     @property

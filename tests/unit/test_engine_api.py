@@ -473,6 +473,10 @@ def test_report_values() -> None:
     rep = LookupReport(1, [HIT, MISS])
     assert rep.codes == b"\x01\x00" and rep.hits == 1 and len(rep) == 2
     assert "num_hits=1" in repr(rep)
+    assert LookupReport(0, None, 0, b"\x00\x00").results == [MISS, MISS]
+    assert LookupReport(2, None, 0, b"\x01\x01").results == [HIT, HIT]
+    assert LookupReport(1, None, 1, b"\x01\x02\x00\x03").results == [HIT, PENDING, MISS, RETRY]
+    assert LookupReport(0, None, 0, b"").results == []
 
 
 def test_access_equals_lookup_plus_storing_the_misses() -> None:
