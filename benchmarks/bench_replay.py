@@ -25,9 +25,10 @@ import numpy as np
 
 from kvtier.config import load_config
 from kvtier.keys import KeyNamespace
-from kvtier.sim.defaults import read_requests, shipped_trace
+from kvtier.sim.defaults import shipped_trace
 from kvtier.sim.replay import prepare_trace, replay
 from kvtier.sim.sweep import capacity_config, parse_capacity
+from kvtier.sim.trace import read_trace
 
 _ORACLE = np.dtype([("time", "<u4"), ("obj_id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 
@@ -69,7 +70,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     with shipped_trace() as path:
-        requests = read_requests(path)
+        requests = read_trace(path)
     config = load_config({"block_bytes": 4096, "primary_backing": "none"})
     trace = prepare_trace(requests, KeyNamespace.from_config(config, block_size=512), name=path.name)
     prep_s = time.perf_counter() - t0

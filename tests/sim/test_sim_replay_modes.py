@@ -20,16 +20,16 @@ from hypothesis import strategies as st
 from kvtier.config import load_config
 from kvtier.keys import KeyNamespace
 from kvtier.metrics import tier_counters
-from kvtier.sim.defaults import default_config, read_requests, shipped_trace
+from kvtier.sim.defaults import default_config, shipped_trace
 from kvtier.sim.replay import PreparedTrace, prepare_trace, replay
 from kvtier.sim.sweep import capacity_config
-from kvtier.sim.trace import TraceRequest
+from kvtier.sim.trace import TraceRequest, read_trace
 
 
 @cache
 def _requests() -> list[TraceRequest]:
     with shipped_trace() as path:
-        return read_requests(path, limit=1500)
+        return read_trace(path, limit=1500)
 
 
 def _prepared(config: Any, limit: int = 1500) -> PreparedTrace:

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from kvtier.config import load_config
 from kvtier.keys import KeyNamespace
-from kvtier.sim.defaults import read_requests, shipped_trace
+from kvtier.sim.defaults import shipped_trace
 from kvtier.sim.replay import PreparedTrace, prepare_trace, replay
 from kvtier.sim.sweep import capacity_config
-from kvtier.sim.trace import TraceRequest
+from kvtier.sim.trace import TraceRequest, read_trace
 
 SIM = load_config({"block_bytes": 4096, "primary_backing": "none"})
 
@@ -32,7 +32,7 @@ SIM = load_config({"block_bytes": 4096, "primary_backing": "none"})
 @cache
 def _shipped() -> tuple[list[TraceRequest], PreparedTrace]:
     with shipped_trace() as path:
-        reqs = read_requests(path)
+        reqs = read_trace(path)
     return reqs, prepare_trace(reqs, KeyNamespace.from_config(SIM, block_size=512), name=path.name)
 
 

@@ -147,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from kvtier.keys import KeyNamespace
-    from kvtier.sim.defaults import read_requests
     from kvtier.sim.replay import prepare_trace, replay
+    from kvtier.sim.trace import read_trace
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError("--limit", f"must be >= 1, got {args.limit}")
@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
 
     with _resolve(args) as (trace_path, config):
         with _status(show_progress, args.progress is True, f"reading {trace_path.name}"):
-            requests = read_requests(trace_path, limit=args.limit)
+            requests = read_trace(trace_path, limit=args.limit)
             if not requests:
                 raise ConfigError("trace", f"{trace_path}: no requests to replay")
             ns = KeyNamespace.from_config(config, block_size=args.tokens_per_block)

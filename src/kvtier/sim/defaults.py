@@ -14,22 +14,16 @@ finish in well under a minute. Replay any other stack with ``--config``.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import importlib.resources
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from kvtier.sim.trace import TraceError, TraceRequest, read_trace
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "SHIPPED_TRACE",
     "default_config",
     "default_simulate_config",
-    "read_requests",
     "shipped_trace",
 ]
 
@@ -82,27 +76,3 @@ def default_simulate_config(block_bytes: int = DEFAULT_BLOCK_BYTES) -> dict[str,
     """
     row_stride = -(-block_bytes // 4096) * 4096
     return {"block_bytes": block_bytes, "cpu_bytes_to_use": 9139 * row_stride, "eviction_policy": "lru"}
-
-
-def read_requests(path: str | Path, *, limit: int | None = None) -> list[TraceRequest]:
-    """:func:`kvtier.sim.trace.read_trace`, with gzip files decompressed to a temporary file first.
-
-    Why: the reader leaves the compressed file's handle to the garbage collector (a
-    ``ResourceWarning``, an error under ``pytest -W error``); a plain file it closes itself.
-    """
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            gz = fh.read(2) == b"\x1f\x8b"
-    except OSError:
-        return read_trace(p, limit=limit)  # the reader reports the missing file in its own words
-    if not gz:
-        return read_trace(p, limit=limit)
-    with tempfile.TemporaryDirectory(prefix="kvtier-trace-") as tmp:
-        plain = Path(tmp) / p.name.removesuffix(".gz")
-        try:
-            with gzip.open(p, "rb") as src, plain.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{p}: cannot decompress trace ({exc})") from exc
-        return read_trace(plain, limit=limit)
