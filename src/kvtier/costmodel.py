@@ -35,10 +35,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kvtier.config import KvtierConfig, parse_size
 from kvtier.errors import ConfigError
@@ -196,6 +198,18 @@ class CostModel:
         if nblocks <= 0:
             return 0.0
         return max(0.0, self.recompute_seconds(nblocks, ntokens) - self.load_seconds(tier, nblocks))
+
+    def total_saving_seconds(self, tier: str, nblocks: Sequence[int], ntokens: Sequence[int]) -> float:
+        """Sum of :meth:`saving_seconds` over many loads at once (``nblocks[i]`` blocks holding
+        ``ntokens[i]`` tokens each time; zero-block entries save nothing)."""
+        n = np.asarray(nblocks, dtype=np.float64)
+        toks = np.asarray(ntokens, dtype=np.float64)
+        if n.size == 0:
+            return 0.0
+        t = self.tier(tier)
+        load = t.load_latency + n * (self.block_bytes / t.load_bandwidth)
+        saving = np.maximum(0.0, toks * self.prefill_seconds_per_token - load)
+        return float(saving[n > 0].sum())
 
     def min_blocks_to_load(self, tier: str) -> int | None:
         """Smallest batch of blocks whose load from ``tier`` beats recomputing them; ``None`` = never.

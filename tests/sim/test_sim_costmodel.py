@@ -121,3 +121,19 @@ def test_measure_prefill_times_a_callable() -> None:
     per_token = measure_prefill(fake_prefill, num_tokens=1000, repeats=2)
     assert calls == [1000, 1000, 1000]
     assert 0 < per_token < 1e-3
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    loads=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 512)), max_size=30),
+    prefill=st.floats(1e-7, 1e-3),
+    lat=st.floats(0.0, 1e-2),
+)
+def test_total_saving_is_the_sum_of_single_savings(
+    loads: list[tuple[int, int]], prefill: float, lat: float
+) -> None:
+    cm = _model(prefill=prefill, bw=2e9, lat=lat)
+    n = [a for a, _ in loads]
+    toks = [a * b for a, b in loads]
+    expected = sum(cm.saving_seconds("fs0", a, t) for a, t in zip(n, toks, strict=True))
+    assert cm.total_saving_seconds("fs0", n, toks) == pytest.approx(expected, rel=1e-9, abs=1e-12)

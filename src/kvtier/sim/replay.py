@@ -30,10 +30,9 @@ import numpy as np
 
 from kvtier.config import KvtierConfig
 from kvtier.costmodel import CostModel
-from kvtier.keys import BlockInfo, BlockKey, KeyNamespace, LookupResult
+from kvtier.keys import BlockInfo, BlockKey, KeyNamespace
 from kvtier.metrics import tier_counters
-from kvtier.sim.payload import PayloadFactory
-from kvtier.sim.report import ReplayReport, TierReport, percentiles
+from kvtier.sim.report import ReplayReport, TierReport
 from kvtier.sim.trace import TraceRequest, flatten
 
 __all__ = ["PreparedTrace", "ProgressFn", "prepare_trace", "replay"]
@@ -43,11 +42,6 @@ ProgressFn = Callable[[int, int], None]
 #: ``hook(engine, requests_done, exporter)``: called at the same points with the live engine and the
 #: metrics exporter (``None`` without a metrics port), for tests and live inspection.
 HookFn = Callable[[Any, int, Any], None]
-
-_CODE = {LookupResult.MISS: 0, LookupResult.HIT: 1, LookupResult.HIT_PENDING: 2, LookupResult.RETRY: 3}
-_PROGRESS_EVERY = 256
-#: Real mode never lets more store jobs than this be in flight (see ``replay``).
-_MAX_INFLIGHT_JOBS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +197,7 @@ def replay(
     """
     from kvtier.engine import Engine, RequestContext
     from kvtier.metrics import start_exporter
+    from kvtier.sim.replay_loops import run_real, run_simulate
 
     mode = "simulate" if simulate else "real"
     now = [0.0]
@@ -250,9 +245,9 @@ def replay(
 
         t0 = time.perf_counter()
         if simulate:
-            _run_simulate(engine, trace, report, cm, now, progress, inner, RequestContext)
+            run_simulate(engine, trace, report, cm, now, progress, inner, RequestContext)
         else:
-            _run_real(engine, trace, report, cm, config, progress, inner, RequestContext, sync)
+            run_real(engine, trace, report, cm, config, progress, inner, RequestContext, sync)
         report.engine_seconds = time.perf_counter() - t0
         if hook is not None:
             hook(engine, trace.requests, exporter)
@@ -285,273 +280,3 @@ def _fill_tiers(report: ReplayReport, stats: Any, types: dict[str, str]) -> None
                 failed_jobs=int(c["failed_jobs"]),
             )
         )
-
-
-class _Cost:
-    """Accumulates the projected prefill saving of prefix hits, per request and tier."""
-
-    def __init__(self, cm: CostModel, tier_names: list[str]) -> None:
-        self.cm = cm
-        self.names = tier_names
-        self.saved = 0.0
-        self.by_tier: dict[str, float] = {n: 0.0 for n in ["primary", *tier_names]}
-        self.skippable = 0
-
-    def add(self, primary_blocks: int, primary_tokens: int, pending: Sequence[tuple[str, int, int]]) -> None:
-        if primary_blocks:
-            s = self.cm.saving_seconds("primary", primary_blocks, primary_tokens)
-            self.saved += s
-            self.by_tier["primary"] += s
-        for name, n, toks in pending:
-            if n:
-                if not self.cm.should_load(name, n):
-                    self.skippable += n
-                s = self.cm.saving_seconds(name, n, toks)
-                self.saved += s
-                self.by_tier[name] = self.by_tier.get(name, 0.0) + s
-
-    def as_dict(self, total_tokens: int) -> dict[str, Any]:
-        prefill = self.cm.recompute_seconds(0, total_tokens)
-        return {
-            "prefill_seconds": prefill,
-            "saved_seconds": self.saved,
-            "saved_fraction": self.saved / prefill if prefill > 0 else 0.0,
-            "saved_seconds_by_tier": self.by_tier,
-            "blocks_slower_than_recompute": self.skippable,
-            "model": self.cm.as_dict(),
-        }
-
-
-def _codes(rep: Any) -> bytes:
-    """Per-key outcome codes of a lookup report (0 MISS, 1 HIT, 2 HIT_PENDING, 3 RETRY)."""
-    codes = getattr(rep, "codes", None)
-    if isinstance(codes, bytes | bytearray):
-        return bytes(codes)
-    return bytes(_CODE[r] for r in rep.results)
-
-
-def _prefix_split(codes: bytes, n: int, last: int, tpb: int) -> tuple[int, int, int, int, int]:
-    """(prefix length, primary blocks, primary tokens, pending blocks, pending tokens) of the leading run."""
-    miss = codes.find(0)
-    retry = codes.find(3)
-    i = n if miss < 0 else miss
-    if 0 <= retry < i:
-        i = retry
-    prim = codes.count(1, 0, i)
-    pend = i - prim
-    # Only the request's last block can be partial; it is in the prefix only if every block hit.
-    short = tpb - last if i == n else 0
-    last_is_pending = i == n and codes[n - 1] == 2
-    prim_tok = prim * tpb - (0 if last_is_pending else short)
-    pend_tok = pend * tpb - (short if last_is_pending else 0)
-    return i, prim, prim_tok, pend, pend_tok
-
-
-def _attribute(pend: int, pend_tok: int, deltas: list[int], names: list[str]) -> list[tuple[str, int, int]]:
-    """Split a request's pending prefix hits over the tiers that answered them, in tier order."""
-    if not pend:
-        return []
-    out: list[tuple[str, int, int]] = []
-    left, left_tok = pend, pend_tok
-    for name, d in zip(names, deltas, strict=True):
-        take = min(d, left)
-        if take:
-            toks = left_tok if take == left else take * (pend_tok // pend)
-            out.append((name, take, toks))
-            left -= take
-            left_tok -= toks
-    if left and names:
-        out.append((names[0], left, left_tok))
-    return out
-
-
-def _count_hits(report: ReplayReport, codes: bytes, n: int, last: int, tpb: int) -> int:
-    hits = codes.count(1) + codes.count(2)
-    report.block_hits += hits
-    if hits:
-        last_hit = codes[n - 1] == 1 or codes[n - 1] == 2
-        report.token_hits += hits * tpb - ((tpb - last) if last_hit else 0)
-    return hits
-
-
-def _run_simulate(
-    engine: Any,
-    trace: PreparedTrace,
-    report: ReplayReport,
-    cm: CostModel,
-    now: list[float],
-    progress: ProgressFn | None,
-    hook: Callable[[Any, int], None] | None,
-    ctx_cls: Any,
-) -> None:
-    tpb = trace.tokens_per_block
-    tiers = list(getattr(engine, "tiers", []))
-    names = [t.name for t in tiers]
-    cost = _Cost(cm, names)
-    lookup = engine.lookup
-    prepare_store = engine.prepare_store
-    complete_store = engine.complete_store
-    total = trace.requests
-    no_ctx = ctx_cls()
-    ctx_of: dict[str | None, Any] = {None: no_ctx}
-    for i, (keys, infos, last, ts, tenant) in enumerate(
-        zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
-    ):
-        n = len(keys)
-        if not n:
-            continue
-        now[0] = ts
-        ctx = ctx_of.get(tenant)
-        if ctx is None:
-            ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
-        before = [t.stats.hits for t in tiers] if tiers else None
-        codes = _codes(lookup(keys, ctx))
-        hits = _count_hits(report, codes, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
-        report.prefix_hits += plen
-        report.prefix_token_hits += prim_tok + pend_tok
-        if before is not None:
-            deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
-            cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
-        elif prim:
-            cost.add(prim, prim_tok, ())
-        if tiers and 2 in codes:
-            # Finish the promotions before storing the misses, as real mode does (load first).
-            engine.poll()
-        if hits < n:
-            if hits == plen:
-                # Hits form the leading run (the usual case with chained prefix ids): slice.
-                mk, mi = keys[plen:], infos[plen:]
-            else:
-                idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
-                mk = [keys[j] for j in idx]
-                mi = [infos[j] for j in idx]
-            complete_store(prepare_store(mk, ctx, mi))
-        if tiers:
-            engine.poll()
-        if (i + 1) % _PROGRESS_EVERY == 0:
-            engine.events()  # keep the event queue bounded; replay reads stats, not events
-            if progress is not None:
-                progress(i + 1, total)
-            if hook is not None:
-                hook(engine, i + 1)
-    if tiers:
-        engine.drain()
-        engine.poll()
-    if progress is not None:
-        progress(total, total)
-    report.cost = cost.as_dict(report.tokens)
-
-
-def _run_real(
-    engine: Any,
-    trace: PreparedTrace,
-    report: ReplayReport,
-    cm: CostModel,
-    config: KvtierConfig,
-    progress: ProgressFn | None,
-    hook: Callable[[Any, int], None] | None,
-    ctx_cls: Any,
-    sync: bool,
-) -> None:
-    from kvtier.errors import MisuseError
-
-    tpb = trace.tokens_per_block
-    tiers = list(getattr(engine, "tiers", []))
-    names = [t.name for t in tiers]
-    cost = _Cost(cm, names)
-    payload = PayloadFactory(config.block_bytes)
-    total = trace.requests
-    lat_lookup: list[float] = []
-    lat_load: list[float] = []
-    lat_store: list[float] = []
-    # Load latency by the slowest tier a request's hits came from (promotions wait for that tier).
-    lat_by_tier: dict[str, list[float]] = {n: [] for n in ["primary", *names]}
-    clock = time.perf_counter
-    max_n = max((len(k) for k in trace.keys), default=0)
-    # Store jobs allowed in flight: about one per 512 primary slots (at most 8), so the slots they
-    # pin stay a small share of the primary tier and never force a store to be dropped.
-    overlap = min(_MAX_INFLIGHT_JOBS, engine.num_slots // 512)
-    buf = np.empty((max(max_n, 1), config.block_bytes), dtype=np.uint8)
-    for i, (keys, infos, last, tenant) in enumerate(
-        zip(trace.keys, trace.infos, trace.last_tokens, trace.tenants, strict=True)
-    ):
-        n = len(keys)
-        if not n:
-            continue
-        ctx = ctx_cls(request_id=str(i), tenant=tenant)
-        before = [t.stats.hits for t in tiers]
-        t0 = clock()
-        rep = engine.lookup(keys, ctx)
-        t1 = clock()
-        lat_lookup.append(t1 - t0)
-        codes = _codes(rep)
-        _count_hits(report, codes, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
-        report.prefix_hits += plen
-        report.prefix_token_hits += prim_tok + pend_tok
-        deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
-        cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
-
-        hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
-        recompute: list[int] = []
-        if hit_idx:
-            t2 = clock()
-            if rep.pending:
-                # Promotions are jobs: wait for them so the blocks are READY to load.
-                engine.drain()
-                engine.poll()
-            hit_keys = [keys[j] for j in hit_idx]
-            try:
-                copied = engine.load_blocks(hit_keys, buf[: len(hit_keys)], ctx)
-            except MisuseError:
-                # A promotion failed (tier error); the engine already counted it. Degrade to misses.
-                copied = 0
-            # load_blocks copies the leading run it can read; a failed promotion (tier error,
-            # corrupt file) ends it. Verify what was copied, recompute (store) the rest.
-            report.failed_loads += len(hit_keys) - copied
-            if copied:
-                report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
-                report.verified_blocks += copied
-            recompute = hit_idx[copied:]
-            dt = clock() - t2
-            lat_load.append(dt)
-            src = "primary"
-            if rep.pending:
-                answered = [nm for nm, d in zip(names, deltas, strict=True) if d]
-                src = answered[-1] if answered else "primary"
-            lat_by_tier[src].append(dt)
-        if len(hit_idx) < n or recompute:
-            hit_set = set(hit_idx)
-            # Blocks whose load failed are recomputed too (resident ones are skipped by the engine).
-            idx = [j for j in range(n) if j not in hit_set] + recompute
-            mk = [keys[j] for j in idx]
-            t3 = clock()
-            # Same BlockInfo (parent, depth, tenant) as simulate mode: prefix-aware policies use it.
-            engine.store_blocks(mk, payload.make(mk), ctx, [infos[j] for j in idx])
-            lat_store.append(clock() - t3)
-        # Bounded overlap: tier writes (write-through stores, and after-hits stores started by the
-        # lookup) run while the next requests are served, but never more than a few requests'
-        # worth, so slots pinned by them cannot crowd out stores.
-        if sync or engine.inflight_jobs > overlap:
-            engine.drain()
-        engine.poll()
-        if (i + 1) % _PROGRESS_EVERY == 0:
-            engine.events()
-            if progress is not None:
-                progress(i + 1, total)
-            if hook is not None:
-                hook(engine, i + 1)
-    engine.drain()
-    engine.poll()
-    if progress is not None:
-        progress(total, total)
-    report.latency = {
-        "lookup": percentiles(lat_lookup),
-        "load": percentiles(lat_load),
-        "store": percentiles(lat_store),
-    }
-    for name, samples in lat_by_tier.items():
-        if samples:
-            report.latency[f"load[{name}]"] = percentiles(samples)
-    report.cost = cost.as_dict(report.tokens)
