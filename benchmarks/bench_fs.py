@@ -120,6 +120,9 @@ def bench_size(
     with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
         fs = eng.tiers[0]
         assert isinstance(fs, FsTier)
+        # Steady state: the tier pre-creates its shard directories in the background after start;
+        # a long-running cache has them, so the timed rounds start once that is done.
+        fs.tree_ready.wait(60)
         direct = fs.direct_io
         for r in range(repeat):
             keys = [BlockKey(f"bench/{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]

@@ -47,6 +47,9 @@ def payload_of(key: bytes, n: int) -> np.ndarray:
 
 
 def make_tier(primary: PrimaryBuffer, root: str | Path, namespace: str = NAMESPACE, **options: Any) -> FsTier:
+    # Most tests start many tiers on fresh trees: skip the background creation of the 4,352 shard
+    # directories unless a test asks for it (the contract suite and one layout test use the default).
+    options.setdefault("precreate_dirs", False)
     ctx = TierContext(name="fs", block_bytes=primary.block_bytes, namespace=namespace)
     return FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(root), **options)
 

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -135,5 +136,30 @@ def test_files_and_directories_are_private(tmp_path: Path) -> None:
         assert p.stat().st_mode & 0o777 == 0o600
         for d in (p.parent, p.parent.parent, Path(t.layout.ns_dir)):
             assert d.stat().st_mode & 0o077 == 0, d
+    finally:
+        t.shutdown()
+
+
+def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Path) -> None:
+    primary = h.aligned_primary(2, BLOCK)
+    t = h.make_tier(primary, tmp_path, precreate_dirs=True)
+    try:
+        deadline = time.monotonic() + 60
+        ns = Path(t.layout.ns_dir)
+        while len(list(ns.glob("??/?"))) < 256 * 16:
+            assert time.monotonic() < deadline, "shard directories were not pre-created"
+            time.sleep(0.05)
+        for d in [*ns.glob("??"), *ns.glob("??/?")][::97]:
+            assert d.stat().st_mode & 0o777 == 0o700, d
+        k = h.key_of("after-precreate")
+        assert os.path.dirname(t.layout.path_of(k)) in t._dirs_made  # no mkdir on the store path
+        assert h.store(t, primary, [k]).success
+    finally:
+        t.shutdown()
+    # The next start sees a complete tree and does not walk it again.
+    t = h.make_tier(primary, tmp_path, precreate_dirs=True)
+    try:
+        assert t.precreate_dirs is False
+        assert t.wait_scan(30) and t.lookup(h.key_of("after-precreate")) is LookupResult.HIT
     finally:
         t.shutdown()

@@ -76,6 +76,8 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
             keeps the access order).
         log_interval: seconds between two log lines of the same kind.
         refresh_interval: seconds between two checks for other processes' stores and evictions.
+        precreate_dirs: create all shard directories in the background after the start-up scan
+            (a young tree then pays no mkdir on the store path).
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -101,6 +103,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         record_access: bool = True,
         log_interval: float = 10.0,
         refresh_interval: float = 0.5,
+        precreate_dirs: bool = True,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
         if root_dir is None:
@@ -136,6 +139,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         self.full_backoff = float(full_backoff)
         self.record_access = bool(record_access)
         self.refresh_interval = float(refresh_interval)
+        self.precreate_dirs = bool(precreate_dirs)
         self._rlog = RateLimitedLog(log, log_interval)
         self._token = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._acct = SharedAccounting(self.layout.ns_dir, self._token, fsync=self.fsync)
@@ -164,6 +168,8 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once (a fresh tree never
         # answers RETRY).
         present = self.layout.present_tops()
+        # A tree with every top-level shard was pre-created before (leaves appear on demand).
+        self.precreate_dirs = self.precreate_dirs and len(present) < 256
         for top in range(256):
             if top not in present:
                 self._top_done[top] = 1
@@ -174,6 +180,8 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         self._pool = IoPool(threads, context.name, log)
         self._rescan_wanted = False
         self._wake = threading.Event()
+        #: Set once the start-up scan and the shard-directory pre-creation are done.
+        self.tree_ready = threading.Event()
         self._acct.on_events = self._apply_events
         self._acct.on_epoch_change = self._on_epoch_change
         self._scan_thread = threading.Thread(
