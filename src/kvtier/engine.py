@@ -34,7 +34,7 @@ from kvtier.engine_jobs import JobBook
 from kvtier.engine_movers import MoverMixin
 from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.errors import ConfigError, MisuseError
-from kvtier.keys import BlockInfo, BlockKey, LookupResult
+from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.base import CachePolicy
 from kvtier.primary import PrimaryTier
 from kvtier.tiers.base import SecondaryTier
@@ -223,54 +223,58 @@ class Engine(MoverMixin):
             if (request is None or request.tenant is None) and type(keys) is list
             else self._scope(keys, request)
         )
-        n = len(ikeys)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
-            pr = self.primary
-            slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
-            codes = bytearray(n)
-            nretry = npend = 0
-            if n and max(slots) >= 0:
-                states = pr.states
-                touch: list[BlockKey] = []
-                rescue: list[BlockKey] = []
-                # One pass in Python: requests are tens of keys, where numpy's per-call cost dominates.
-                for i, s in enumerate(slots):
-                    if s >= 0:
-                        st = states[s]
-                        if st == _READY:
-                            codes[i] = _HIT
-                            touch.append(ikeys[i])
-                        elif st == _FLUSHING:
-                            codes[i] = _HIT
-                            rescue.append(ikeys[i])
-                        else:
-                            codes[i] = _PENDING
-                if rescue:
-                    # A write-back victim hit again stays: READY (and most recent) once more, so it
-                    # is not freed under the caller's feet when its flush ends.
-                    pr.rescue(rescue)
-                if touch:
-                    pr.policy.touch_many(touch)
-                    if self._after_hits:
-                        self._count_hits(touch, request)
-                npend = codes.count(_PENDING)
-            nhits = codes.count(_HIT)
-            if self.tiers and nhits + npend < n:
-                nretry, promoted = self._lookup_tiers(ikeys, slots, codes, request)
-                npend += promoted
-            nh = n - len(codes.lstrip(b"\x01"))
-            c = self.c
-            c["lookup_calls"] += 1
-            c["lookups"] += n
-            c["hits"] += nhits
-            c["pending"] += npend
-            c["retries"] += nretry
-            c["misses"] += n - nhits - npend - nretry
+            codes, npend = self._lookup_locked(ikeys, request)
         if self._outbox:
             self._dispatch()
-        return LookupReport(nh, None, npend, bytes(codes))
+        return LookupReport(len(codes) - len(codes.lstrip(b"\x01")), None, npend, codes)
+
+    def _lookup_locked(self, ikeys: list[BlockKey], request: RequestContext | None) -> tuple[bytes, int]:
+        """The body of :meth:`lookup` (lock held): per-key codes and the number pending."""
+        n = len(ikeys)
+        pr = self.primary
+        slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
+        codes = bytearray(n)
+        nretry = npend = 0
+        if n and max(slots) >= 0:
+            states = pr.states
+            touch: list[BlockKey] = []
+            rescue: list[BlockKey] = []
+            # One pass in Python: requests are tens of keys, where numpy's per-call cost dominates.
+            for i, s in enumerate(slots):
+                if s >= 0:
+                    st = states[s]
+                    if st == _READY:
+                        codes[i] = _HIT
+                        touch.append(ikeys[i])
+                    elif st == _FLUSHING:
+                        codes[i] = _HIT
+                        rescue.append(ikeys[i])
+                    else:
+                        codes[i] = _PENDING
+            if rescue:
+                # A write-back victim hit again stays: READY (and most recent) once more, so it
+                # is not freed under the caller's feet when its flush ends.
+                pr.rescue(rescue)
+            if touch:
+                pr.policy.touch_many(touch)
+                if self._after_hits:
+                    self._count_hits(touch, request)
+            npend = codes.count(_PENDING)
+        nhits = codes.count(_HIT)
+        if self.tiers and nhits + npend < n:
+            nretry, promoted = self.jobs.lookup_tiers(ikeys, slots, codes, request)
+            npend += promoted
+        c = self.c
+        c["lookup_calls"] += 1
+        c["lookups"] += n
+        c["hits"] += nhits
+        c["pending"] += npend
+        c["retries"] += nretry
+        c["misses"] += n - nhits - npend - nretry
+        return bytes(codes), npend
 
     def _count_hits(self, keys: list[BlockKey], request: RequestContext | None) -> None:
         pr = self.primary
@@ -287,53 +291,6 @@ class Engine(MoverMixin):
             for t in range(len(self.tiers)):
                 self.jobs.submit_store(t, dkeys, due, request)
 
-    def _lookup_tiers(
-        self,
-        ikeys: list[BlockKey],
-        slots: list[int],
-        codes: bytearray,
-        request: RequestContext | None,
-    ) -> tuple[int, int]:
-        """Ask the tiers, in order, about keys not in the primary; returns (retries, promoted)."""
-        remaining = [i for i, s in enumerate(slots) if s < 0]
-        # Primary hits of this very call must survive the evictions promotions may cause.
-        held = [s for i, s in enumerate(slots) if codes[i] == _HIT]
-        self.primary.pin(held)
-        promoted_n = 0
-        try:
-            for t, tier in enumerate(self.tiers):
-                if not remaining:
-                    break
-                ks = [ikeys[i] for i in remaining]
-                try:
-                    answers = tier.lookup_many(ks, request)
-                    if len(answers) != len(ks):
-                        raise ValueError(f"lookup_many answered {len(answers)} results for {len(ks)} keys")
-                except Exception as exc:
-                    self.jobs.tier_error(t, "lookup", exc)
-                    continue
-                found: list[int] = []
-                rest: list[int] = []
-                for i, a in zip(remaining, answers, strict=True):
-                    if a is LookupResult.HIT:
-                        found.append(i)
-                    else:
-                        if a is LookupResult.RETRY:
-                            codes[i] = _RETRY
-                        rest.append(i)
-                if found:
-                    promoted = self.jobs.promote(t, [ikeys[i] for i in found], request)
-                    for i, ok in zip(found, promoted, strict=True):
-                        if ok:
-                            codes[i] = _PENDING
-                            promoted_n += 1
-                        else:
-                            rest.append(i)
-                remaining = rest
-        finally:
-            self.primary.unpin(held)
-        return sum(1 for i in remaining if codes[i] == _RETRY), promoted_n
-
     def access(
         self,
         keys: Sequence[BlockKey],
@@ -343,21 +300,34 @@ class Engine(MoverMixin):
         """:meth:`lookup`, then store every key answered MISS as if its bytes were written at once.
 
         Exactly ``lookup(keys)`` + ``complete_store(prepare_store(misses))`` (same results, counters,
-        events and policy calls) in one call: the simulator's per-request step. No bytes move, so it
-        is meant for ``primary_backing: none`` (with a real buffer the stored slots hold stale bytes).
+        events and policy calls) in one call and one lock acquisition: the simulator's per-request
+        step. No bytes move, so it is meant for ``primary_backing: none`` (with a real buffer the
+        stored slots would hold stale bytes).
         """
-        report = self.lookup(keys, request)
-        codes = report.codes
-        if codes.count(_MISS) == 0:
-            return report
-        if codes.count(_MISS) == len(codes):
-            mk, mi = keys, infos
-        else:
-            idx = [i for i, c in enumerate(codes) if c == _MISS]
-            mk = [keys[i] for i in idx]
-            mi = [infos[i] for i in idx] if infos is not None else None
-        self.complete_store(self.prepare_store(mk, request, mi))
-        return report
+        ikeys = (
+            keys
+            if (request is None or request.tenant is None) and type(keys) is list
+            else self._scope(keys, request)
+        )
+        with self._lock:
+            if self._closed:
+                raise MisuseError(_CLOSED)
+            codes, npend = self._lookup_locked(ikeys, request)
+            nmiss = codes.count(_MISS)
+            if nmiss:
+                if nmiss == len(codes):
+                    mk: list[BlockKey] = ikeys
+                    mi = infos
+                else:
+                    idx = [i for i, x in enumerate(codes) if x == _MISS]
+                    mk = [ikeys[i] for i in idx]
+                    mi = [infos[i] for i in idx] if infos is not None else None
+                _, internal, slots, sel = self._prepare_locked(mk, request, mi)
+                if slots:
+                    self._commit_locked(internal, slots, sel, request)
+        if self._outbox:
+            self._dispatch()
+        return LookupReport(len(codes) - len(codes.lstrip(b"\x01")), None, npend, codes)
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(
@@ -379,26 +349,53 @@ class Engine(MoverMixin):
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
-            pl, slots, dropped = self._reserve(ikeys)
-            if len(pl) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
-                internal = ikeys[:]
-                user = internal if ikeys is keys else list(keys)
-                sel: Sequence[BlockInfo | None] | None = None if infos is None else list(infos)
-            else:
-                internal = [ikeys[p] for p in pl]
-                user = internal if ikeys is keys else [keys[p] for p in pl]
-                sel = None if infos is None else [infos[p] for p in pl]
-            if sel is None and request is not None and request.tenant is not None:
-                sel = [BlockInfo(tenant=request.tenant)] * len(pl)
-            if dropped:
-                self.c["dropped_stores"] += dropped
-                index = self.primary.index
-                self._emit("dropped", [k for k in ikeys if k not in index])
+            pl, internal, slots, sel = self._prepare_locked(ikeys, request, infos)
+            user = internal if ikeys is keys else [keys[p] for p in pl]
             self._token = token = self._token + 1
             self._open_handles.add(token)
         if self._outbox:
             self._dispatch()
         return StoreHandle(user, slots, pl, request, internal, sel, token)
+
+    def _prepare_locked(
+        self,
+        ikeys: list[BlockKey],
+        request: RequestContext | None,
+        infos: Sequence[BlockInfo | None] | None,
+    ) -> tuple[list[int], list[BlockKey], list[int], Sequence[BlockInfo | None] | None]:
+        """The body of :meth:`prepare_store` (lock held): positions, accepted keys, slots, infos."""
+        pl, slots, dropped = self._reserve(ikeys)
+        if len(pl) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
+            internal = ikeys[:]
+            sel: Sequence[BlockInfo | None] | None = None if infos is None else list(infos)
+        else:
+            internal = [ikeys[p] for p in pl]
+            sel = None if infos is None else [infos[p] for p in pl]
+        if sel is None and request is not None and request.tenant is not None:
+            sel = [BlockInfo(tenant=request.tenant)] * len(pl)
+        if dropped:
+            self.c["dropped_stores"] += dropped
+            index = self.primary.index
+            self._emit("dropped", [k for k in ikeys if k not in index])
+        return pl, internal, slots, sel
+
+    def _commit_locked(
+        self,
+        keys: list[BlockKey],
+        slots: list[int],
+        infos: Sequence[BlockInfo | None] | None,
+        request: RequestContext | None,
+    ) -> None:
+        """WRITING -> READY for a completed store (lock held), then the write-through cascade."""
+        self.primary.commit(keys, slots, infos)
+        self.c["stores"] += len(slots)
+        self._emit("stored", keys)
+        if self._write_through:
+            persisted = self.primary.persisted
+            for x in slots:
+                persisted[x] = 1
+            for t in range(len(self.tiers)):
+                self.jobs.submit_store(t, keys, slots, request)
 
     def complete_store(self, handle: StoreHandle, success: bool = True) -> None:
         """Make the slots READY (or free them when ``success`` is false); then the write policy runs."""
@@ -415,15 +412,7 @@ class Engine(MoverMixin):
             if not success:
                 self.primary.abort(keys, slots)
             elif slots:
-                self.primary.commit(keys, slots, handle.infos)
-                self.c["stores"] += len(slots)
-                self._emit("stored", keys)
-                if self._write_through:
-                    persisted = self.primary.persisted
-                    for x in slots:
-                        persisted[x] = 1
-                    for t in range(len(self.tiers)):
-                        self.jobs.submit_store(t, keys, slots, handle.request)
+                self._commit_locked(keys, slots, handle.infos, handle.request)
         if self._outbox:
             self._dispatch()
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtier.jobs import JobResult, TransferJob
-from kvtier.keys import BlockKey
+from kvtier.keys import BlockKey, LookupResult
 
 if TYPE_CHECKING:
     from kvtier.engine import Engine
@@ -32,6 +32,7 @@ __all__ = ["JobBook"]
 log = logging.getLogger("kvtier.engine")
 
 _LOG_EVERY = 60.0
+_HIT, _PENDING, _RETRY = 1, 2, 3  # LookupReport.codes values
 
 
 @dataclass(slots=True)
@@ -79,6 +80,56 @@ class JobBook:
             log.warning(
                 "kvtier: tier %s %s failed (treated as a miss): %s: %s", name, what, type(exc).__name__, exc
             )
+
+    def lookup_tiers(
+        self,
+        ikeys: list[BlockKey],
+        slots: list[int],
+        codes: bytearray,
+        request: Any,
+    ) -> tuple[int, int]:
+        """Ask the tiers, in order, about keys not in the primary (lock held).
+
+        Updates ``codes`` (2 HIT_PENDING for promoted keys, 3 RETRY) and returns (retries, promoted).
+        """
+        remaining = [i for i, s in enumerate(slots) if s < 0]
+        # Primary hits of this very call must survive the evictions promotions may cause.
+        held = [s for i, s in enumerate(slots) if codes[i] == _HIT]
+        self.e.primary.pin(held)
+        promoted_n = 0
+        try:
+            for t, tier in enumerate(self.e.tiers):
+                if not remaining:
+                    break
+                ks = [ikeys[i] for i in remaining]
+                try:
+                    answers = tier.lookup_many(ks, request)
+                    if len(answers) != len(ks):
+                        raise ValueError(f"lookup_many answered {len(answers)} results for {len(ks)} keys")
+                except Exception as exc:
+                    self.tier_error(t, "lookup", exc)
+                    continue
+                found: list[int] = []
+                rest: list[int] = []
+                for i, a in zip(remaining, answers, strict=True):
+                    if a is LookupResult.HIT:
+                        found.append(i)
+                    else:
+                        if a is LookupResult.RETRY:
+                            codes[i] = _RETRY
+                        rest.append(i)
+                if found:
+                    promoted = self.promote(t, [ikeys[i] for i in found], request)
+                    for i, ok in zip(found, promoted, strict=True):
+                        if ok:
+                            codes[i] = _PENDING
+                            promoted_n += 1
+                        else:
+                            rest.append(i)
+                remaining = rest
+        finally:
+            self.e.primary.unpin(held)
+        return sum(1 for i in remaining if codes[i] == _RETRY), promoted_n
 
     # -- promotions --------------------------------------------------------------------------
     def promote(self, t: int, keys: list[BlockKey], request: Any) -> list[bool]:

@@ -316,9 +316,12 @@ class PrimaryTier:
         the policy's capacity: FLUSHING blocks are not in it, so it has room for each of them.
         """
         index, states = self.index, self.states
-        back = [k for k in keys if states[index[k]] == _FLUSHING]
-        for k in back:
-            states[index[k]] = _READY
+        back: list[BlockKey] = []
+        for k in keys:  # state flips at once, so a key listed twice is rescued once
+            s = index[k]
+            if states[s] == _FLUSHING:
+                states[s] = _READY
+                back.append(k)
         self._nflushing -= len(back)
         if back:
             self.policy.insert_many(back)

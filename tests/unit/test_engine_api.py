@@ -482,16 +482,23 @@ def test_report_values() -> None:
 def test_access_equals_lookup_plus_storing_the_misses() -> None:
     import random
 
+    from kvtier.keys import BlockInfo
+
     rnd = random.Random(3)
     trace = [[K(rnd.randrange(40)) for _ in range(6)] for _ in range(300)]
+    tenants = [None, "t1", "t2"]
     a = Engine(cfg(10, primary_backing="none"))
     b = Engine(cfg(10, primary_backing="none"))
     with a, b:
-        for keys in trace:
-            ra = a.access(keys)
-            rb = b.lookup(keys)
-            b.complete_store(b.prepare_store([k for k, c in zip(keys, rb.codes, strict=True) if c == 0]))
-            assert ra.codes == rb.codes
+        for n, keys in enumerate(trace):
+            ctx = RequestContext(tenant=tenants[n % 3])
+            infos = [BlockInfo(depth=d) for d in range(len(keys))]
+            ra = a.access(keys, ctx, infos)
+            rb = b.lookup(keys, ctx)
+            miss = [i for i, c in enumerate(rb.codes) if c == 0]
+            b.complete_store(b.prepare_store([keys[i] for i in miss], ctx, [infos[i] for i in miss]))
+            assert ra.codes == rb.codes and ra.num_hits == rb.num_hits
+        assert [(ev.kind, ev.keys) for ev in a.events()] == [(ev.kind, ev.keys) for ev in b.events()]
         sa, sb = a.stats(), b.stats()
         for key in ("hits", "misses", "stores", "evictions", "dropped_stores"):
             assert sa[key] == sb[key], key
