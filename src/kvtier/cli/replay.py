@@ -39,7 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("trace", nargs="?", help="trace file (.jsonl or .jsonl.gz); default: the shipped trace")
     p.add_argument(
-        "--config", "-c", help="config file (.json/.yaml) or JSON string; default: RAM + temp fs tier"
+        "--config",
+        "-c",
+        help="config file (.json/.yaml) or JSON string; default: RAM + temporary fs tier "
+        "(with --simulate/--sweep: the RAM tier alone)",
     )
     p.add_argument("--simulate", action="store_true", help="metadata only, virtual clock, same engine")
     p.add_argument("--policy", help="eviction policy (comma-separated list with --sweep)")
