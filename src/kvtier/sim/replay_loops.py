@@ -212,6 +212,9 @@ def _simulate_primary_only(
     lookup = engine.lookup
     prepare_store = engine.prepare_store
     complete_store = engine.complete_store
+    # Engine.access = lookup + store the misses, one call and one lock (no RETRY without tiers, so
+    # "the misses" are exactly what this loop would store).
+    access = getattr(engine, "access", None)
     total = trace.requests
     ctx_of: dict[str | None, Any] = {None: ctx_cls()}
     block_hits = token_hits = prefix_hits = prefix_tokens = 0
@@ -227,7 +230,7 @@ def _simulate_primary_only(
         ctx = ctx_of.get(tenant)
         if ctx is None:
             ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
-        codes = lookup(keys, ctx).codes
+        codes = access(keys, ctx, infos).codes if access is not None else lookup(keys, ctx).codes
         if not isinstance(codes, bytes):
             codes = bytes(codes)
         hits = codes.count(1) + codes.count(2)
@@ -247,7 +250,7 @@ def _simulate_primary_only(
                 prefix_tokens += ptok
                 cost_n.append(plen)
                 cost_t.append(ptok)
-        if hits < n:
+        if hits < n and access is None:
             if hits == plen:
                 complete_store(prepare_store(keys[plen:], ctx, infos[plen:]))
             else:
