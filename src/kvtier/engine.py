@@ -26,10 +26,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.config import KvtierConfig, load_config
-from kvtier.engine_build import build_tiers, config_namespace
+from kvtier.engine_build import build_cost_model, build_tiers, config_namespace, start_metrics
 from kvtier.engine_jobs import JobBook
 from kvtier.engine_movers import MoverMixin
 from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
@@ -39,6 +39,9 @@ from kvtier.policies.base import CachePolicy
 from kvtier.primary import PrimaryTier
 from kvtier.tiers.base import SecondaryTier
 from kvtier.transfer.pool import JobIds, TransferPool
+
+if TYPE_CHECKING:
+    from kvtier.metrics import MetricsExporter
 
 __all__ = ["Engine", "EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
 
@@ -109,6 +112,7 @@ class Engine(MoverMixin):
         self.primary_kv_view: memoryview = self.primary.primary_kv_view
         try:
             self.tiers: list[SecondaryTier] = build_tiers(self, spec, tiers, simulate)
+            cost = build_cost_model(cfg, self.tiers)  # shuts the tiers down when it raises
         except BaseException:
             self.primary.close()
             raise
@@ -127,15 +131,18 @@ class Engine(MoverMixin):
         self._write_through = cfg.write_policy == "write_through" and bool(self.tiers)
         self._after_hits = cfg.write_after_hits if cfg.write_policy == "after_hits" and self.tiers else 0
         self.primary.track_tiers = bool(self.tiers)
-        self.jobs = JobBook(self, cfg.max_inflight_jobs, cfg.promotion_share)
+        self.jobs = JobBook(self, cfg.max_inflight_jobs, cfg.promotion_share, cost)
         self.c: dict[str, int] = dict.fromkeys(
             (
                 "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores",
                 "dropped_stores", "evictions", "writebacks", "loads", "promotions", "promotions_failed",
-                "promotions_rejected", "tier_errors", "bytes_stored", "bytes_loaded", "resets",
+                "promotions_rejected", "promotions_skipped_cost", "tier_errors", "bytes_stored",
+                "bytes_loaded", "resets",
             ),
             0,
         )  # fmt: skip
+        #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
+        self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
 
     # -- helpers -----------------------------------------------------------------------------
     def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]:
@@ -526,6 +533,10 @@ class Engine(MoverMixin):
         """Flush (write-back), drain, shut the tiers down and release the buffer. Idempotent."""
         if self._closed:
             return
+        if self.metrics_exporter is not None:
+            # First: a scrape must not read an engine half torn down.
+            self.metrics_exporter.close()
+            self.metrics_exporter = None
         if self._write_back:
             self.flush()
         self.drain()
@@ -560,7 +571,11 @@ class Engine(MoverMixin):
             self._subscribers.append(callback)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``primary`` slot counts, per-tier stats by name, and engine counters."""
+        """Counters: ``primary`` slot counts, per-tier stats by name, and engine counters.
+
+        Each tier's entry is its ``get_stats()`` plus the engine's ``read_seconds``/``write_seconds``
+        (sum of ``JobResult.seconds`` of its load/store jobs) and ``read_jobs``/``write_jobs``.
+        """
         with self._lock:
             out: dict[str, Any] = dict(self.c)
             out["primary"] = self.primary.counts()
@@ -568,9 +583,12 @@ class Engine(MoverMixin):
             tiers: dict[str, Any] = {}
             for t, tier in enumerate(self.tiers):
                 try:
-                    tiers[tier.name] = tier.get_stats()
+                    d: dict[str, Any] = dict(tier.get_stats())
                 except Exception as exc:
                     self.jobs.tier_error(t, "get_stats", exc)
+                    d = {}
+                d.update(self.jobs.tier_io(t))
+                tiers[tier.name] = d
             out["tiers"] = tiers
             out.update(self.jobs.counters())
             return out

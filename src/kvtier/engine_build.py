@@ -1,7 +1,9 @@
-"""Construction helpers of :class:`kvtier.engine.Engine`: the namespace and the secondary tiers."""
+"""Construction helpers of :class:`kvtier.engine.Engine`: namespace, secondary tiers, cost model and
+the metrics exporter."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -12,9 +14,11 @@ from kvtier.errors import MisuseError
 from kvtier.tiers.base import SecondaryTier
 
 if TYPE_CHECKING:
+    from kvtier.costmodel import CostModel
     from kvtier.engine import Engine
+    from kvtier.metrics import MetricsExporter
 
-__all__ = ["build_tiers", "config_namespace"]
+__all__ = ["build_cost_model", "build_tiers", "config_namespace", "start_metrics"]
 
 log = logging.getLogger("kvtier.engine")
 
@@ -64,3 +68,52 @@ def build_tiers(
 
     contexts = tier_contexts(engine.config, namespace=engine.namespace, clock=engine._clock)
     return list(spec.create_tiers(engine.primary_kv_view, contexts))
+
+
+def build_cost_model(config: KvtierConfig, tiers: Sequence[SecondaryTier]) -> CostModel | None:
+    """The promotion gate's model: only when ``cost_model`` is configured and there are tiers.
+
+    Tiers the model does not describe get the default speeds of their ``medium``. Raises
+    :class:`~kvtier.errors.ConfigError` (naming the ``cost_model.*`` key) on bad values.
+    """
+    if not config.cost_model or not tiers:
+        return None
+    from kvtier.costmodel import CostModel  # imported only when configured
+
+    try:
+        model = CostModel.from_config(config, tier_media={t.name: t.medium for t in tiers})
+    except BaseException:
+        for t in tiers:  # the engine is not built: release what the tiers hold (threads, files)
+            with contextlib.suppress(Exception):
+                t.shutdown()
+        raise
+    for t in tiers:
+        if model.min_blocks_to_load(t.name) is None:
+            log.warning(
+                "kvtier: cost model: loading from tier %s is never faster than recomputing; "
+                "its hits will be recomputed (check cost_model.tiers.%s)",
+                t.name,
+                t.name,
+            )
+    return model
+
+
+def start_metrics(engine: Engine, config: KvtierConfig) -> MetricsExporter | None:
+    """Serve ``engine``'s Prometheus metrics on 127.0.0.1:``metrics_port`` when it is set.
+
+    Metrics are optional to the cache: when ``prometheus_client`` is missing or the port cannot be
+    bound, one warning is logged and the engine runs without an exporter.
+    """
+    if config.metrics_port is None:
+        return None
+    try:
+        from kvtier.metrics import exporter_from_config  # prometheus_client only when asked for
+
+        return exporter_from_config(engine, config)
+    except Exception as exc:  # KvtierError (missing package, port taken) or an import failure
+        log.warning(
+            "kvtier: metrics_port %d: Prometheus exporter not started, the engine runs without it (%s)",
+            config.metrics_port,
+            exc,
+        )
+        return None

@@ -9,6 +9,11 @@ slots stores need (vLLM #49902/#50014). A promotion over budget is refused (the 
 and counted in ``promotions_rejected``); a store over budget waits in a bounded FIFO, its slots
 pinned, and is submitted by the next ``poll``; when the FIFO is full the oldest waiting store is
 given up (its slots unpinned, counted in ``tier_stores_dropped``).
+
+Cost gate: when the config has a ``cost_model``, a batch of keys found in a tier is promoted only if
+:meth:`~kvtier.costmodel.CostModel.should_load` says loading it beats recomputing it; otherwise the
+keys are not loaded from that tier (the next tier is asked; if none loads them they are MISS) and
+counted in ``promotions_skipped_cost``. One check per (tier, lookup call), none without a model.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 
 if TYPE_CHECKING:
+    from kvtier.costmodel import CostModel
     from kvtier.engine import Engine
 
 __all__ = ["JobBook"]
@@ -46,8 +52,12 @@ class _Job:
 class JobBook:
     """In-flight and waiting tier jobs of one engine."""
 
-    def __init__(self, engine: Engine, max_inflight: int, promotion_share: float) -> None:
+    def __init__(
+        self, engine: Engine, max_inflight: int, promotion_share: float, cost: CostModel | None = None
+    ) -> None:
         self.e = engine
+        #: Decides whether a tier's hits are worth loading (``None``: always promote).
+        self.cost = cost
         self.max_inflight = max_inflight
         self.max_promotions = max(1, int(promotion_share * max_inflight))
         self.max_deferred = 4 * max_inflight
@@ -58,6 +68,8 @@ class JobBook:
             ("jobs_submitted", "jobs_finished", "jobs_failed", "unknown_results", "tier_stores_dropped"), 0
         )
         self._logged: dict[tuple[int, str], float] = {}
+        # Per tier index: [read_seconds, write_seconds, read_jobs, write_jobs] of reported jobs.
+        self.io: list[list[float]] = [[0.0, 0.0, 0, 0] for _ in engine.tiers]
 
     @property
     def inflight(self) -> int:
@@ -69,6 +81,15 @@ class JobBook:
         out["promotions_inflight"] = self.promotions_inflight
         out["deferred_stores"] = len(self.deferred)
         return out
+
+    def tier_io(self, t: int) -> dict[str, float | int]:
+        """Engine-side transfer counters of tier ``t``: seconds and jobs per direction.
+
+        ``read`` is tier -> primary (promotion/load jobs), ``write`` is primary -> tier (store jobs);
+        seconds are the sum of the tiers' ``JobResult.seconds`` over every reported job.
+        """
+        rs, ws, rj, wj = self.io[t]
+        return {"read_seconds": rs, "write_seconds": ws, "read_jobs": int(rj), "write_jobs": int(wj)}
 
     def tier_error(self, t: int, what: str, exc: BaseException) -> None:
         """Count a tier failure; log it at most once a minute per (tier, operation)."""
@@ -118,6 +139,11 @@ class JobBook:
                         if a is LookupResult.RETRY:
                             codes[i] = _RETRY
                         rest.append(i)
+                if found and self.cost is not None and not self.cost.should_load(tier.name, len(found)):
+                    # Loading this batch from this tier is modelled slower than recomputing it.
+                    self.e.c["promotions_skipped_cost"] += len(found)
+                    rest += found
+                    found = []
                 if found:
                     promoted = self.promote(t, [ikeys[i] for i in found], request)
                     for i, ok in zip(found, promoted, strict=True):
@@ -210,6 +236,14 @@ class JobBook:
         e = self.e
         pr = e.primary
         name = e.tiers[t].name
+        io = self.io[t]
+        secs = r.seconds if isinstance(r.seconds, float | int) else 0.0  # a sloppy tier's None
+        if rec.promotion:
+            io[0] += secs
+            io[2] += 1
+        else:
+            io[1] += secs
+            io[3] += 1
         self.n["jobs_finished"] += 1
         if not r.success:
             self.n["jobs_failed"] += 1
