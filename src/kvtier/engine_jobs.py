@@ -68,8 +68,9 @@ class JobBook:
             ("jobs_submitted", "jobs_finished", "jobs_failed", "unknown_results", "tier_stores_dropped"), 0
         )
         self._logged: dict[tuple[int, str], float] = {}
-        # Per tier index: [read_seconds, write_seconds, read_jobs, write_jobs] of reported jobs.
-        self.io: list[list[float]] = [[0.0, 0.0, 0, 0] for _ in engine.tiers]
+        # Per tier index: [read_seconds, write_seconds, read_jobs, write_jobs] of reported jobs, and
+        # the keys found there but not loaded because the cost model said recomputing is faster.
+        self.io: list[list[float]] = [[0.0, 0.0, 0, 0, 0] for _ in engine.tiers]
 
     @property
     def inflight(self) -> int:
@@ -83,13 +84,20 @@ class JobBook:
         return out
 
     def tier_io(self, t: int) -> dict[str, float | int]:
-        """Engine-side transfer counters of tier ``t``: seconds and jobs per direction.
+        """Engine-side counters of tier ``t``: seconds and jobs per direction, cost-gate skips.
 
         ``read`` is tier -> primary (promotion/load jobs), ``write`` is primary -> tier (store jobs);
         seconds are the sum of the tiers' ``JobResult.seconds`` over every reported job.
+        ``promotions_skipped_cost`` counts keys found in the tier that the cost gate did not load.
         """
-        rs, ws, rj, wj = self.io[t]
-        return {"read_seconds": rs, "write_seconds": ws, "read_jobs": int(rj), "write_jobs": int(wj)}
+        rs, ws, rj, wj, sk = self.io[t]
+        return {
+            "read_seconds": rs,
+            "write_seconds": ws,
+            "read_jobs": int(rj),
+            "write_jobs": int(wj),
+            "promotions_skipped_cost": int(sk),
+        }
 
     def tier_error(self, t: int, what: str, exc: BaseException) -> None:
         """Count a tier failure; log it at most once a minute per (tier, operation)."""
@@ -142,6 +150,7 @@ class JobBook:
                 if found and self.cost is not None and not self.cost.should_load(tier.name, len(found)):
                     # Loading this batch from this tier is modelled slower than recomputing it.
                     self.e.c["promotions_skipped_cost"] += len(found)
+                    self.io[t][4] += len(found)
                     rest += found
                     found = []
                 if found:

@@ -86,7 +86,7 @@ def test_tier_seconds_and_jobs_are_sums_of_the_tiers_job_results() -> None:
     with Engine(cfg(8), tiers=[factory]) as e:
         st0 = e.stats()["tiers"]["rec0"]
         io_keys = ("read_seconds", "write_seconds", "read_jobs", "write_jobs")
-        assert [st0[k] for k in io_keys] == [0, 0, 0, 0]
+        assert [st0[k] for k in io_keys] == [0, 0, 0, 0] and st0["promotions_skipped_cost"] == 0
         keys = [K(i) for i in range(6)]
         e.store_blocks(keys[:3], data_for(keys[:3]))
         e.store_blocks(keys[3:], data_for(keys[3:]))
@@ -167,7 +167,8 @@ def test_tier_slower_than_recompute_is_skipped_miss_and_counted() -> None:
         st = e.stats()
         assert st["promotions_skipped_cost"] == 5 and st["promotions"] == 0 and st["misses"] == 5
         assert st["jobs_submitted"] == submitted  # no load job was started
-        assert st["tiers"]["example0"]["hits"] == 5 and st["tiers"]["example0"]["read_jobs"] == 0
+        t = st["tiers"]["example0"]
+        assert t["hits"] == 5 and t["read_jobs"] == 0 and t["promotions_skipped_cost"] == 5
 
 
 def test_tier_faster_than_recompute_is_promoted() -> None:
@@ -207,8 +208,10 @@ def test_a_skipped_tier_falls_through_to_the_next_tier() -> None:
         out = np.zeros((4, BLOCK), np.uint8)
         assert e.load_blocks(keys, out) == 4 and np.array_equal(out, data_for(keys))
         st = e.stats()
-        assert st["promotions_skipped_cost"] == 4
-        assert st["tiers"]["example0"]["read_jobs"] == 0 and st["tiers"]["example1"]["read_jobs"] == 1
+        t0, t1 = st["tiers"]["example0"], st["tiers"]["example1"]
+        assert st["promotions_skipped_cost"] == t0["promotions_skipped_cost"] == 4
+        assert t1["promotions_skipped_cost"] == 0
+        assert t0["read_jobs"] == 0 and t1["read_jobs"] == 1
 
 
 def test_tiers_not_named_in_the_model_use_their_medium_defaults() -> None:
@@ -248,6 +251,43 @@ def test_engine_promotes_exactly_when_the_model_says_loading_is_faster(
         expect = PENDING if load < recompute else MISS
         assert rep.results == [expect] * n
         assert e.stats()["promotions_skipped_cost"] == (0 if expect is PENDING else n)
+
+
+def test_replay_real_and_simulate_agree_with_the_cost_gate(tmp_path: Path) -> None:
+    """The gate sits in the engine, so simulate mode (modelled tiers, same names and media) takes the
+    same decisions as real mode with a real fs tier: same hits per tier, same skips."""
+    from kvtier.config import load_config
+    from kvtier.keys import KeyNamespace
+    from kvtier.sim.defaults import default_config, shipped_trace
+    from kvtier.sim.replay import prepare_trace, replay
+    from kvtier.sim.trace import read_trace
+
+    raw = default_config(tmp_path / "fs0", block_bytes=2048)
+    raw["cpu_bytes_to_use"] = 300 * 4096  # small primary: the fs tier serves hits
+    raw["write_policy"] = "write_through"
+    # One I/O thread: the fs tier indexes a job's blocks in key order, as the model does.
+    raw["secondary_tiers"] = [dict(raw["secondary_tiers"][0], max_bytes=2000 * 6144, threads=1)]
+    # 0.41 s per fs job and free transfer: a batch pays from 9 blocks (51.2 ms of prefill each).
+    raw["cost_model"] = {
+        "tokens_per_block": 512,
+        "tiers": {"fs0": {"load_bandwidth": 1e12, "load_latency": 0.41}},
+    }
+    config = load_config(raw)
+    with shipped_trace() as path:
+        requests = read_trace(path, limit=1000)
+    trace = prepare_trace(requests, KeyNamespace.from_config(config, block_size=512))
+    skipped: dict[str, int] = {}
+
+    def hook(engine: Engine, done: int, exporter: object) -> None:
+        mode = "simulate" if engine.primary.backing == "none" else "real"
+        skipped[mode] = engine.stats()["promotions_skipped_cost"]
+
+    real = replay(trace, config, sync=True, hook=hook)
+    sim = replay(trace, config, simulate=True, hook=hook)
+    assert skipped["real"] > 0  # the gate took decisions on this trace
+    assert skipped["real"] == skipped["simulate"]
+    assert [(t.name, t.hits) for t in real.tiers] == [(t.name, t.hits) for t in sim.tiers]
+    assert real.hit_ratio == sim.hit_ratio and real.verify_mismatches == 0
 
 
 # -- 3. the Prometheus exporter started by metrics_port --------------------------------------------
