@@ -29,7 +29,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from kvtier.config import KvtierConfig, load_config
-from kvtier.engine_build import build_cost_model, build_tiers, config_namespace, start_metrics
+from kvtier.engine_build import build_cost_model, build_tiers, config_namespace, start_metrics, stop_metrics
 from kvtier.engine_jobs import JobBook
 from kvtier.engine_movers import MoverMixin
 from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
@@ -533,10 +533,9 @@ class Engine(MoverMixin):
         """Flush (write-back), drain, shut the tiers down and release the buffer. Idempotent."""
         if self._closed:
             return
-        if self.metrics_exporter is not None:
-            # First: a scrape must not read an engine half torn down.
-            self.metrics_exporter.close()
-            self.metrics_exporter = None
+        # First: a scrape must not read an engine half torn down.
+        stop_metrics(self.metrics_exporter)
+        self.metrics_exporter = None
         if self._write_back:
             self.flush()
         self.drain()

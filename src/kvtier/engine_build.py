@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from kvtier.engine import Engine
     from kvtier.metrics import MetricsExporter
 
-__all__ = ["build_cost_model", "build_tiers", "config_namespace", "start_metrics"]
+__all__ = ["build_cost_model", "build_tiers", "config_namespace", "start_metrics", "stop_metrics"]
 
 log = logging.getLogger("kvtier.engine")
 
@@ -117,3 +117,13 @@ def start_metrics(engine: Engine, config: KvtierConfig) -> MetricsExporter | Non
             exc,
         )
         return None
+
+
+def stop_metrics(exporter: MetricsExporter | None) -> None:
+    """Stop an exporter from :func:`start_metrics`; a failure is logged, never raised (close must finish)."""
+    if exporter is None:
+        return
+    try:
+        exporter.close()
+    except Exception as exc:
+        log.warning("kvtier: stopping the metrics exporter failed: %s: %s", type(exc).__name__, exc)
