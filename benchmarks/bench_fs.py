@@ -75,15 +75,21 @@ def _raw_load(pool: ThreadPoolExecutor, d: str, out: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.ndarray) -> dict[str, float]:
+def _tier_round(
+    eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.ndarray, job_blocks: int
+) -> dict[str, float]:
     n = len(keys)
     t0 = time.perf_counter()
-    h = eng.prepare_store(keys)
     rows = eng.primary.rows
-    for i, s in enumerate(h.slot_ids):
-        rows[s, : eng.block_bytes] = data[i]
+    handles = []
+    for lo in range(0, n, job_blocks):  # one write-through store job per handle
+        h = eng.prepare_store(keys[lo : lo + job_blocks])
+        for i, s in enumerate(h.slot_ids):
+            rows[s, : eng.block_bytes] = data[lo + i]
+        handles.append(h)
     t1 = time.perf_counter()
-    eng.complete_store(h)
+    for h in handles:
+        eng.complete_store(h)
     eng.drain()
     t2 = time.perf_counter()
     eng.reset()  # empty the primary tier: every key must come back from the fs tier
@@ -104,13 +110,22 @@ def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.nda
 
 
 def bench_size(
-    root: str, block_bytes: int, blocks: int, threads: int, repeat: int, direct_io: str = "auto"
+    root: str,
+    block_bytes: int,
+    blocks: int,
+    threads: int,
+    repeat: int,
+    direct_io: str = "auto",
+    job_blocks: int | None = None,
 ) -> dict[str, Any]:
+    """One block size: tier store/load (``job_blocks`` blocks per store job; default all in one)
+    next to the raw loop over the same bytes, best of ``repeat`` interleaved rounds."""
+    job_blocks = job_blocks or blocks
     row = -(-block_bytes // 4096) * 4096
     cfg = {
         "block_bytes": block_bytes,
         "cpu_bytes_to_use": row * blocks,
-        "model": f"bench-fs-{block_bytes}",
+        "model": f"bench-fs-{block_bytes}-{job_blocks}",
         "secondary_tiers": [{"type": "fs", "root_dir": root, "threads": threads, "direct_io": direct_io}],
     }
     rng = np.random.default_rng(block_bytes)
@@ -118,7 +133,7 @@ def bench_size(
     data = np.frombuffer(mmap.mmap(-1, blocks * block_bytes), np.uint8).reshape(blocks, block_bytes)
     data[:] = rng.integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
     out = np.zeros_like(data)
-    raw_dir = os.path.join(root, f"raw-{block_bytes}")
+    raw_dir = os.path.join(root, f"raw-{block_bytes}-{job_blocks}")
     os.makedirs(raw_dir, exist_ok=True)
     best: dict[str, float] = {}
     with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
@@ -129,14 +144,14 @@ def bench_size(
         fs.tree_ready.wait(60)
         direct = fs.direct_io
         for r in range(repeat):
-            keys = [BlockKey(f"bench/{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]
+            keys = [BlockKey(f"bench/{block_bytes}/{job_blocks}/{r}/{i}".encode()) for i in range(blocks)]
             rd = os.path.join(raw_dir, str(r))
             os.mkdir(rd)
             raw: dict[str, float] = {}
             # Alternate which side goes first, so neither always follows the other's writes.
             for side in ("tier", "raw") if r % 2 == 0 else ("raw", "tier"):
                 if side == "tier":
-                    tier = _tier_round(eng, keys, data, out)
+                    tier = _tier_round(eng, keys, data, out, job_blocks)
                     continue
                 raw["raw_store"] = _raw_store(pool, rd, data, direct)
                 out[:] = 0
@@ -151,7 +166,9 @@ def bench_size(
     return {
         "block_bytes": block_bytes,
         "blocks": blocks,
+        "job_blocks": job_blocks,
         "threads": threads,
+        "blocks_per_s": {k: round(blocks / v) for k, v in best.items() if k in ("store", "raw_store")},
         "direct_io": direct,
         "MBps": {k: round(v, 1) for k, v in tput.items()},
         "ratio_store": tput["store"] / tput["raw_store"],
@@ -175,7 +192,7 @@ def bench_scan(root: str, files: int) -> dict[str, float]:
     scan_root = os.path.join(root, "scan")
 
     def new_tier() -> FsTier:
-        return FsTier(primary_kv_view=memoryview(rows), context=ctx, root_dir=scan_root, precreate_dirs=False)
+        return FsTier(primary_kv_view=rows.data, context=ctx, root_dir=scan_root, precreate_dirs=False)
 
     tier = new_tier()
     layout = tier.layout
@@ -218,10 +235,20 @@ def bench_scan(root: str, files: int) -> dict[str, float]:
             "ratio": tier_rate / raw_rate}  # fmt: skip
 
 
+def _size_tag(n: int) -> str:
+    if n % (1 << 20) == 0:
+        return f"{n >> 20}MiB"
+    return f"{n >> 10}KiB" if n % 1024 == 0 else str(n)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=64)
-    ap.add_argument("--sizes", default="1MiB,4MiB", help="comma-separated block sizes")
+    ap.add_argument("--sizes", default="4KiB,256KiB,1MiB,4MiB", help="comma-separated block sizes")
+    ap.add_argument(
+        "--job-blocks", default="64,1",
+        help="comma-separated blocks per store job (each size runs once per value; capped at --blocks)",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument(
@@ -238,7 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="kvtier-bench-fs-", dir=args.dir)
     t0 = time.perf_counter()
     try:
-        results = [bench_size(root, s, args.blocks, args.threads, args.repeat, args.direct_io) for s in sizes]
+        shapes = sorted(
+            {min(int(j), args.blocks) for j in args.job_blocks.split(",") if j.strip()}, reverse=True
+        )
+        results = [
+            bench_size(root, s, args.blocks, args.threads, args.repeat, args.direct_io, j)
+            for s in sizes
+            for j in shapes
+        ]
         scan = bench_scan(root, args.scan_files) if args.scan_files > 0 else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -249,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         vllm_note = "vllm importable but the comparison is not implemented in this version"
     ratios: dict[str, float] = {}
     for r in results:
-        tag = f"{r['block_bytes'] >> 20}MiB" if r["block_bytes"] % (1 << 20) == 0 else str(r["block_bytes"])
+        tag = _size_tag(r["block_bytes"])
+        if r["job_blocks"] != r["blocks"]:  # smaller store jobs: only the store side differs
+            for k in ("store", "store_e2e"):
+                ratios[f"{k}_{tag}_jobs_of_{r['job_blocks']}"] = round(r[f"ratio_{k}"], 3)
+            continue
         for k in ("store", "load", "store_e2e", "load_e2e"):
             ratios[f"{k}_{tag}"] = round(r[f"ratio_{k}"], 3)
     if scan is not None:
@@ -268,9 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in results:
             m = r["MBps"]
-            print(f"{r['block_bytes'] >> 10:>6} KiB x {r['blocks']}  threads={r['threads']} "
-                  f"direct_io={r['direct_io']}")  # fmt: skip
-            for op in ("store", "load"):
+            bps = r["blocks_per_s"]
+            print(f"{_size_tag(r['block_bytes']):>6} x {r['blocks']} in jobs of {r['job_blocks']}  "
+                  f"threads={r['threads']} direct_io={r['direct_io']}  "
+                  f"store {bps['store']:,} vs raw {bps['raw_store']:,} blocks/s")  # fmt: skip
+            for op in ("store", "load") if r["job_blocks"] == r["blocks"] else ("store",):
                 print(
                     f"  {op:<6} tier {m[op]:8.0f} MB/s  raw {m['raw_' + op]:8.0f} MB/s  "
                     f"ratio {r['ratio_' + op]:.2f}   (e2e {m[op + '_e2e']:.0f} MB/s, "

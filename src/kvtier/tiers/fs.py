@@ -155,6 +155,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         self._index: dict[BlockKey, int] = {}
         self._access: dict[BlockKey, float] = {}
         self._storing: set[BlockKey] = set()
+        self._init_store_path()
         self._loading: Counter[BlockKey] = Counter()
         self._results: deque[JobResult] = deque()
         self._jobs_open = 0
@@ -262,6 +263,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
                 return
             chunks = self._chunks(items)
             state = Job(job, len(chunks), ok=skipped, items=items)
+            self._grant_q.append(state)  # reserved with the jobs ahead of it when possible
             self._jobs_open += 1
         for chunk in chunks:
             self._pool.submit(PRIO_STORE, functools.partial(self._store_chunk, state, chunk))
@@ -413,6 +415,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
             d = self.stats.as_dict()
             d["index_blocks"] = len(self._index)
             d["index_bytes"] = sum(self._index.values())
+        d["acct_sections"] = self._acct.sections
         d["scan_done"] = int(self._scan_done)
         d["scan_files"] = self.scan_files
         return d

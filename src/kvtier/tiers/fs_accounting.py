@@ -42,6 +42,7 @@ EVENTS_FILE = "events.log"
 EVENTS_MAX = 32 << 20
 _EVT = struct.Struct("<cQH")  # op (b"+" stored, b"-" removed), writer id, key length; then the key
 PROCS_DIR = "procs"
+_READ_CHUNK = 1 << 16
 TMP_DIR = "tmp"
 
 
@@ -109,7 +110,11 @@ class SharedAccounting:
         # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
         self._ev_fd = os.open(os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self._ev_off = -1
+        self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
+        self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
+        self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
         self.events_lost = 0
+        self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
         self._epoch = 0
         self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
         self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
@@ -133,17 +138,33 @@ class SharedAccounting:
         """Hold the lock, yield the current state, write it back on exit."""
         with self._tlock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self.sections += 1
             try:
                 st = self._read()
                 self._tail(st)
                 yield st
                 self._write(st)
+            except BaseException:
+                self._last = None  # st may differ from the file now: parse it next time
+                raise
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _read(self) -> AccountingState:
-        size = os.fstat(self._fd).st_size
-        st = AccountingState.from_bytes(os.pread(self._fd, size, 0)) if size else None
+        # One pread of a generous size instead of fstat + pread: the document is a few hundred
+        # bytes (a few KiB with many processes); a longer file is read in a second round.
+        data = os.pread(self._fd, _READ_CHUNK, 0)
+        while len(data) % _READ_CHUNK == 0 and data:
+            more = os.pread(self._fd, _READ_CHUNK, len(data))
+            if not more:
+                break
+            data += more
+        self._size = len(data)
+        if self._last is not None and data == self._last[0]:
+            # Nobody wrote since our last section: the state we wrote is the file (sections never
+            # keep their state object past the section), so skip the parse.
+            return self._last[1]
+        st = AccountingState.from_bytes(data) if data else None
         if st is None:
             self.lost_state = True
             return AccountingState()
@@ -151,28 +172,38 @@ class SharedAccounting:
 
     def _write(self, st: AccountingState) -> None:
         # One pwrite, never a truncate: JSON allows trailing blanks, so a shorter document is padded
-        # to the old length. A process killed between a pwrite and an ftruncate would otherwise
-        # leave a valid prefix followed by garbage.
+        # to the old length (known from the section's read: every writer holds the lock). A process
+        # killed between a pwrite and an ftruncate would otherwise leave a valid prefix followed by
+        # garbage.
         data = st.to_bytes()
-        size = os.fstat(self._fd).st_size
-        if len(data) < size:
-            data = data.ljust(size, b" ")
+        if len(data) < self._size:
+            data = data.ljust(self._size, b" ")
         os.pwrite(self._fd, data, 0)
+        self._size = len(data)
+        self._last = (data, st)
         if self.fsync:
             os.fsync(self._fd)
 
     def _tail(self, st: AccountingState) -> None:
-        size = os.fstat(self._ev_fd).st_size
         if self._ev_off < 0:
-            self._ev_off, self._epoch = size, st.epoch
+            self._ev_off, self._epoch = os.fstat(self._ev_fd).st_size, st.epoch
+            self._ev_clean = True
             return
-        if st.epoch != self._epoch or size < self._ev_off:
+        if st.epoch != self._epoch:
             self._epoch, self._ev_off = st.epoch, 0
             if self.on_epoch_change is not None:
                 self.on_epoch_change()
-        if size <= self._ev_off:
+        # pread from where we stopped (no fstat): an empty read means nothing new. The log is only
+        # cut back together with an epoch bump, so a shorter file was handled just above.
+        data = os.pread(self._ev_fd, _READ_CHUNK, self._ev_off)
+        while len(data) % _READ_CHUNK == 0 and data:
+            more = os.pread(self._ev_fd, _READ_CHUNK, self._ev_off + len(data))
+            if not more:
+                break
+            data += more
+        if not data:
+            self._ev_clean = True
             return
-        data = os.pread(self._ev_fd, size - self._ev_off, self._ev_off)
         events: list[tuple[bytes, bytes]] = []
         pos = 0
         while pos + _EVT.size <= len(data):
@@ -184,6 +215,9 @@ class SharedAccounting:
                 events.append((op, data[pos + _EVT.size : end]))
             pos = end
         self._ev_off += pos
+        # Clean: we read up to the end of the file, so its size is _ev_off (appends happen only
+        # under the lock we hold); log_events then needs no fstat.
+        self._ev_clean = pos == len(data)
         if events and self.on_events is not None:
             self.on_events(events)
 
@@ -197,12 +231,17 @@ class SharedAccounting:
             return
         data = b"".join(_EVT.pack(op, self._writer_id, len(k)) + k for op, k in events)
         try:
-            if os.fstat(self._ev_fd).st_size + len(data) > EVENTS_MAX:
+            size = self._ev_off if self._ev_clean else os.fstat(self._ev_fd).st_size
+            if size + len(data) > EVENTS_MAX:
                 os.ftruncate(self._ev_fd, 0)
                 st.epoch += 1
                 self._epoch = st.epoch
+                size = 0
             os.write(self._ev_fd, data)
-            self._ev_off = os.fstat(self._ev_fd).st_size
+            # O_APPEND under the lock: the file now ends right after our records (when the tail
+            # was clean); otherwise ask.
+            self._ev_off = size + len(data) if self._ev_clean else os.fstat(self._ev_fd).st_size
+            self._ev_clean = True
         except OSError:
             # Best effort (a full disk): the tree and the totals are already right; other
             # processes' indexes go stale, which costs them a miss, never a wrong byte.
@@ -262,6 +301,13 @@ class SharedAccounting:
                     self._remove_temp_files(e.name)
         st.published = max(0, st.published)
         return len(dead)
+
+    def others_hold_bytes(self, st: AccountingState) -> bool:
+        """Whether another registered process holds a reservation or an open intent (only those
+        can be given back by :meth:`recover_dead`; it lists ``procs/`` and flock-probes each)."""
+        return any(
+            t != self.token and (int(p.get("reserved", 0)) or p.get("intent")) for t, p in st.procs.items()
+        )
 
     def _remove_temp_files(self, token: str) -> None:
         prefix = token + "."

@@ -1,10 +1,17 @@
 """The fs tier's store path: reservation, eviction, temp files, publication.
 
 A store job is split into tasks on the worker pool. The first task to run reserves room for the
-whole job in the shared accounting (evicting victims chosen by the policy, in the same critical
-section); every task writes its blocks to temp files (and creates their shard directories); the last
-task publishes them all (renames, journaled, in one critical section) and reports the job. So a job
-costs two trips through the cross-process lock, however many blocks it holds.
+job in the shared accounting (evicting victims chosen by the policy, in the same critical section);
+every task writes its blocks to temp files (and creates their shard directories); the last task
+publishes them all (renames, journaled, in one critical section) and reports the job.
+
+Both trips through the cross-process lock are *group commits* across jobs: the task that reserves
+also reserves for every other store job already submitted and not yet granted (they are queued
+behind it and will write soon), and the task that publishes also publishes every other job whose
+writes finished meanwhile. A stream of small jobs (one block each, say) therefore pays a few
+critical sections per burst instead of two per job; the guarantees are those of one section
+(docs/fs.md): bytes are reserved before any temp file is written, and a publication's renames are
+journaled before they happen.
 """
 
 from __future__ import annotations
@@ -44,11 +51,10 @@ class Job:
     error: str | None = None
     t0: float = field(default_factory=time.perf_counter)
     # Stores only: the job reserves once (first task) and publishes once (last task), so a job
-    # costs two trips through the shared lock, however many tasks it is split into.
+    # costs at most two trips through the shared lock (shared with other jobs: group commits).
     items: list[tuple[BlockKey, int]] = field(default_factory=list)
     granted: set[BlockKey] | None = None
     written: list[tuple[BlockKey, str, str, int]] = field(default_factory=list)
-    gate: threading.Lock = field(default_factory=threading.Lock)
 
 
 class StorePath:
@@ -81,6 +87,13 @@ class StorePath:
     rows: npt.NDArray[np.uint8]
 
     # -- stores ------------------------------------------------------------------------------
+    def _init_store_path(self) -> None:
+        """Group-commit queues (called once by the tier's constructor)."""
+        self._grant_q: list[Job] = []  # submitted store jobs without a reservation, in order
+        self._grant_lock = threading.Lock()  # one reserving thread at a time
+        self._pub_q: list[Job] = []  # store jobs whose writes are done, waiting to be published
+        self._pub_lock = threading.Lock()  # one publishing thread at a time
+
     def _store_chunk(self, state: Job, items: list[tuple[BlockKey, int]]) -> None:
         written: list[tuple[BlockKey, str, str, int]] = []
         error: str | None = None
@@ -115,41 +128,106 @@ class StorePath:
                 self._finish_store(state)
 
     def _job_grant(self, state: Job) -> set[BlockKey]:
-        """Reserve room for the whole job once (the first task to run does it)."""
-        with state.gate:
+        """Reserve room for the job (once); the same section also reserves for the jobs queued
+        behind it, as long as they fit without evicting anything.
+
+        The job itself may evict (exactly as before); a queued job that would need victims is left
+        to reserve in its own section when its first task runs, after the jobs ahead of it have
+        published. So which blocks are evicted and which stores are dropped is the same as with one
+        section per job (the replay's simulate mode models that), only the lock trips are shared.
+        """
+        granted = state.granted
+        if granted is not None:  # set once, never changed afterwards
+            return granted
+        with self._grant_lock:
             if state.granted is None:
-                state.granted = set()  # an exception below leaves nothing granted
-                granted = self._reserve(state.items)
-                state.granted = {k for k, _ in granted}
-                if len(granted) < len(state.items):
-                    state.error = state.error or "capacity: no evictable block (stores dropped)"
+                with self._lock:
+                    queued = [j for j in self._grant_q if j.granted is None and j is not state]
+                    self._grant_q.clear()
+                try:
+                    rest = self._reserve_jobs(state, queued)
+                except OSError as exc:  # accounting file trouble: this job fails, the others retry
+                    state.error = state.error or self._section_failed(exc)
+                    state.granted = set()
+                    rest = queued
+                if rest:
+                    with self._lock:
+                        self._grant_q[:0] = rest  # still first in line, in submission order
+            assert state.granted is not None
             return state.granted
 
+    def _reserve_jobs(self, state: Job, queued: list[Job]) -> list[Job]:
+        """One section: reserve ``state``'s leading blocks that fit (evicting victims), then every
+        queued job in order while it fits whole without eviction. Returns the jobs left ungranted."""
+        sizes = [self.layout.file_size(len(k)) for k, _ in state.items]
+        with self._acct.section() as st:
+            me = self._acct.me(st)
+            n = len(sizes)
+            free = None
+            if self.max_bytes is not None:
+                free = self.max_bytes - st.usage
+                if free < sum(sizes):
+                    free += self._make_room(st, sum(sizes) - free)
+                while n and sum(sizes[:n]) > free:
+                    n -= 1
+                free -= sum(sizes[:n])
+            total = sum(sizes[:n])
+            more: list[Job] = []
+            for j in queued:
+                need = sum(self.layout.file_size(len(k)) for k, _ in j.items)
+                if free is not None:
+                    if need > free:
+                        break
+                    free -= need
+                total += need
+                more.append(j)
+            me["reserved"] = int(me["reserved"]) + total
+        state.granted = {k for k, _ in state.items[:n]}
+        for j in more:
+            j.granted = {k for k, _ in j.items}
+        if n < len(state.items):
+            state.error = state.error or "capacity: no evictable block (stores dropped)"
+            with self._lock:
+                self.stats.dropped_stores += len(state.items) - n
+        return queued[len(more) :]
+
     def _finish_store(self, state: Job) -> None:
-        """Publish every block the job's tasks wrote (one critical section), then report it."""
-        ok: list[BlockKey] = []
+        """Publish the job's written blocks (with any other job ready meanwhile), then report."""
+        with self._lock:
+            self._pub_q.append(state)
+        with self._pub_lock:
+            with self._lock:
+                batch, self._pub_q = self._pub_q, []
+            if batch:  # empty: a thread that held the lock before us published ours too
+                self._publish_jobs(batch)
+
+    def _publish_jobs(self, batch: list[Job]) -> None:
+        written = [w for j in batch for w in j.written]
+        ok: set[BlockKey] = set()
         error: str | None = None
         try:
-            if state.written:
+            if written:
                 try:
-                    ok = self._publish(state.written)
+                    ok = set(self._publish(written))
                 except OSError:
-                    self._unpublished(state.written)
+                    self._unpublished(written)
                     raise
         except OSError as exc:
             error = self._section_failed(exc)
         finally:
-            nbytes = self.block_bytes * len(ok)
             with self._lock:
-                for key, _ in state.items:
-                    self._storing.discard(key)
-                self.stats.stores += len(ok)
-                self.stats.bytes_written += nbytes
-                state.ok.update(ok)
-                state.nbytes += nbytes
-                if error and not state.error:
-                    state.error = error
-                self._report_locked(state)
+                for state in batch:
+                    mine = [k for k, _, _, _ in state.written if k in ok]
+                    nbytes = self.block_bytes * len(mine)
+                    for key, _ in state.items:
+                        self._storing.discard(key)
+                    self.stats.stores += len(mine)
+                    self.stats.bytes_written += nbytes
+                    state.ok.update(mine)
+                    state.nbytes += nbytes
+                    if error and state.written and not state.error:
+                        state.error = error
+                    self._report_locked(state)
 
     def _section_failed(self, exc: OSError) -> str:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -186,31 +264,14 @@ class StorePath:
             )
         return f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
 
-    def _reserve(self, items: list[tuple[BlockKey, int]]) -> list[tuple[BlockKey, int]]:
-        """Reserve bytes for as many leading items as fit (evicting victims); drop the rest."""
-        sizes = [self.layout.file_size(len(k)) for k, _ in items]
-        with self._acct.section() as st:
-            me = self._acct.me(st)
-            granted = len(items)
-            if self.max_bytes is not None:
-                free = self.max_bytes - st.usage
-                if free < sum(sizes):
-                    free += self._make_room(st, sum(sizes) - free)
-                while granted and sum(sizes[:granted]) > free:
-                    granted -= 1
-            me["reserved"] = int(me["reserved"]) + sum(sizes[:granted])
-        if granted < len(items):
-            with self._lock:
-                self.stats.dropped_stores += len(items) - granted
-        return items[:granted]
-
     def _make_room(self, st: AccountingState, deficit: int) -> int:
         """Evict our own unprotected blocks to free ``deficit`` bytes (inside a section).
 
         Returns the bytes freed. Dead processes' reservations are reclaimed first (cheap, exact).
         """
         before = st.usage
-        self._acct.recover_dead(st)
+        if self._acct.others_hold_bytes(st):  # else a dead process has nothing to give back
+            self._acct.recover_dead(st)
         freed = before - st.usage
         if freed >= deficit:
             return freed
