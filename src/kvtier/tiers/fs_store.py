@@ -144,15 +144,17 @@ class StorePath:
                 with self._lock:
                     queued = [j for j in self._grant_q if j.granted is None and j is not state]
                     self._grant_q.clear()
+                rest = queued
                 try:
                     rest = self._reserve_jobs(state, queued)
                 except OSError as exc:  # accounting file trouble: this job fails, the others retry
                     state.error = state.error or self._section_failed(exc)
-                    state.granted = set()
-                    rest = queued
-                if rest:
-                    with self._lock:
-                        self._grant_q[:0] = rest  # still first in line, in submission order
+                finally:
+                    if state.granted is None:  # whatever went wrong, nothing was granted
+                        state.granted = set()
+                    if rest:
+                        with self._lock:
+                            self._grant_q[:0] = rest  # still first in line, in submission order
             assert state.granted is not None
             return state.granted
 
