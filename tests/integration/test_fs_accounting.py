@@ -1,0 +1,87 @@
+"""The shared accounting file seen by two holders (two "processes": flock is per open file, so two
+SharedAccounting objects in one process exclude each other exactly as two processes do)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtier.tiers import fs_accounting
+from kvtier.tiers.fs_accounting import SharedAccounting
+
+
+def _pair(tmp_path: Path) -> tuple[SharedAccounting, SharedAccounting]:
+    a = SharedAccounting(str(tmp_path), "proc-a")
+    b = SharedAccounting(str(tmp_path), "proc-b")
+    return a, b
+
+
+def test_each_holder_sees_the_others_writes_despite_its_parse_cache(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    try:
+        for i in range(1, 6):
+            with a.section() as st:
+                st.published += 100
+            with b.section() as st:  # must re-read what a wrote, not reuse its own last state
+                assert st.published == 200 * i - 100
+                st.published += 100
+        with a.section() as st:
+            assert st.published == 1000
+            assert set(st.procs) == {"proc-a", "proc-b"}
+    finally:
+        b.close()
+        a.close()
+
+
+def test_a_failed_section_changes_nothing_and_the_next_one_rereads(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    try:
+        with a.section() as st:
+            st.published = 500
+        with pytest.raises(RuntimeError), a.section() as st:
+            st.published = 7  # never written: the section failed
+            raise RuntimeError("boom")
+        with a.section() as st:
+            assert st.published == 500
+        assert b.snapshot().published == 500
+    finally:
+        b.close()
+        a.close()
+
+
+def test_events_reach_the_other_holder_and_a_cut_back_log_asks_for_a_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = _pair(tmp_path)
+    seen: list[tuple[bytes, bytes]] = []
+    rescans: list[int] = []
+    b.on_events = seen.extend
+    b.on_epoch_change = lambda: rescans.append(1)
+    try:
+        with b.section():
+            pass  # b starts following the log from here
+        with a.section() as st:
+            a.log_events(st, [(b"+", b"k1"), (b"+", b"k2")])
+        with a.section() as st:
+            a.log_events(st, [(b"-", b"k1")])
+        with b.section():
+            pass
+        assert seen == [(b"+", b"k1"), (b"+", b"k2"), (b"-", b"k1")]
+        with b.section() as st:
+            b.log_events(st, [(b"+", b"mine")])  # our own records are not echoed back
+        with b.section():
+            pass
+        assert len(seen) == 3
+        # The log is cut back when it would pass EVENTS_MAX: the other holder is told to rescan
+        # and then follows the new log from its start.
+        monkeypatch.setattr(fs_accounting, "EVENTS_MAX", 1)
+        with a.section() as st:
+            a.log_events(st, [(b"+", b"k3")])
+        with b.section():
+            pass
+        assert rescans == [1]
+        assert seen[-1] == (b"+", b"k3")
+    finally:
+        b.close()
+        a.close()
