@@ -3,12 +3,10 @@ the outcome (what is stored, evicted, dropped, counted) is that of one section p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 from pathlib import Path
-from types import ModuleType
 
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 import numpy as np
 
 from kvtier.jobs import TransferJob
@@ -16,17 +14,6 @@ from kvtier.keys import BlockKey
 from kvtier.testing.primary import wait_for_jobs
 from kvtier.tiers.fs_pool import PRIO_STORE
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 4096
 JOBS = 24
 

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 import pytest
 
 from kvtier.keys import LookupResult
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 64 * 1024
 
 

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 import pytest
 
 from kvtier import codec
 from kvtier.errors import ConfigError
 from kvtier.keys import LookupResult
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 16 * 1024
 
 

@@ -8,29 +8,17 @@ restart (the alone-after-scan reconcile).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
+
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 
 from kvtier.keys import BlockKey
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 64 * 1024
 ROUNDS = 12
 

@@ -3,27 +3,15 @@ reaches a key, then HIT with the right bytes; stale temp files are removed."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
+
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 
 from kvtier import codec
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 4096
 FILES = 20_000
 

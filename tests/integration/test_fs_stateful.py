@@ -7,14 +7,11 @@ index is exactly the set of files in the tree.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
 import tempfile
-from pathlib import Path
-from types import ModuleType
 
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -22,17 +19,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.tiers.fs_layout import Layout
 
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("conftest_fs", Path(__file__).with_name("conftest_fs.py"))
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conftest_fs", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-h = _helpers()
 BLOCK = 8192
 KEYS = [h.key_of(f"s{i}") for i in range(12)]
 CAPACITY_BLOCKS = 5

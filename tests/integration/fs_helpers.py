@@ -1,7 +1,7 @@
 """Helpers for the fs-tier integration tests, also runnable as the writer subprocess.
 
 Imported by path from the test files (``load_helpers()``), and run as a script by the crash and
-capacity tests: ``python conftest_fs.py <mode> <json-args>``. Payloads are a pure function of the
+capacity tests: ``python fs_helpers.py <mode> <json-args>``. Payloads are a pure function of the
 key, so any process can check what any other stored.
 """
 
