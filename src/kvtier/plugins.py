@@ -356,7 +356,7 @@ class Registry(Generic[T]):
         return (
             f"{name_key}: unknown {self.kind} {name!r}{hint}; available: {', '.join(names) or 'none'}. "
             f"To load an out-of-tree {self.kind}, set {self.module_key!r} to its module "
-            f'(e.g. "mypkg.{self.kind}s", taking the attribute {name!r}, or "mypkg.module:Class"), '
+            f'(e.g. "mypkg.kv_{self.kind}", taking the attribute {name!r}, or "mypkg.module:Class"), '
             f"install it under the entry-point group {self.group!r}, or call register_{self.kind}()"
         )
 
