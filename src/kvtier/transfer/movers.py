@@ -288,19 +288,7 @@ def gather_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: S
     layout.check(block_ids, rows.shape[1])
     if layout.device != "cpu":  # pragma: no cover - needs a GPU
         return _cuda_gather(layout, block_ids, rows, slots)
-    sl = _ints(slots)
-    bids = list(block_ids)
-    segs = list(zip(layout._views, layout.segments, strict=True))
-
-    def body(lo: int, hi: int) -> None:
-        for i in range(lo, hi):
-            row = rows[sl[i]]
-            b = bids[i]
-            for v, (off, outer, inner) in segs:
-                np.copyto(row[off : off + outer * inner].reshape(outer, inner), v[:, b, :])
-
-    _run_split(len(sl), len(sl) * layout.block_bytes, body)
-    return len(sl) * layout.block_bytes
+    return _copy_cpu(layout, block_ids, rows, slots, into_rows=True)
 
 
 def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots) -> int:
@@ -308,6 +296,12 @@ def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: 
     layout.check(block_ids, rows.shape[1])
     if layout.device != "cpu":  # pragma: no cover - needs a GPU
         return _cuda_scatter(layout, block_ids, rows, slots)
+    return _copy_cpu(layout, block_ids, rows, slots, into_rows=False)
+
+
+def _copy_cpu(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots, *, into_rows: bool) -> int:
+    # One loop for both directions: the segment arithmetic must stay identical for gather and
+    # scatter, or a round trip would silently permute bytes.
     sl = _ints(slots)
     bids = list(block_ids)
     segs = list(zip(layout._views, layout.segments, strict=True))
@@ -317,7 +311,11 @@ def scatter_blocks(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: 
             row = rows[sl[i]]
             b = bids[i]
             for v, (off, outer, inner) in segs:
-                np.copyto(v[:, b, :], row[off : off + outer * inner].reshape(outer, inner))
+                packed = row[off : off + outer * inner].reshape(outer, inner)
+                if into_rows:
+                    np.copyto(packed, v[:, b, :])
+                else:
+                    np.copyto(v[:, b, :], packed)
 
     _run_split(len(sl), len(sl) * layout.block_bytes, body)
     return len(sl) * layout.block_bytes
