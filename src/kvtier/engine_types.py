@@ -90,7 +90,30 @@ def _slots(
     return list(slot_ids), None
 
 
-class StoreHandle:
+class _Handle:
+    """What store and load handles share: keys, their slots (a list, and an ``int32`` array on demand)."""
+
+    __slots__ = ("_slot_ids", "keys", "request", "slots", "token")
+
+    keys: list[BlockKey]
+    slots: list[int]
+    _slot_ids: npt.NDArray[np.int32] | None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def slot_ids(self) -> npt.NDArray[np.int32]:
+        """``int32`` array of the slots (built on first access; ``slots`` is the same as a list)."""
+        if self._slot_ids is None:
+            self._slot_ids = np.array(self.slots, dtype=np.int32)
+        return self._slot_ids
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.keys)} keys, slots={self.slots})"
+
+
+class StoreHandle(_Handle):
     """Slots reserved by :meth:`Engine.prepare_store`; hand it back to :meth:`Engine.complete_store`.
 
     Attributes:
@@ -103,7 +126,7 @@ class StoreHandle:
             tenant.
     """
 
-    __slots__ = ("_slot_ids", "infos", "internal_keys", "keys", "positions", "request", "slots", "token")
+    __slots__ = ("infos", "internal_keys", "positions")
 
     def __init__(
         self,
@@ -126,24 +149,11 @@ class StoreHandle:
         self.infos = infos
         self.token = token
 
-    def __len__(self) -> int:
-        return len(self.keys)
 
-    @property
-    def slot_ids(self) -> npt.NDArray[np.int32]:
-        """``int32`` array of the slots (built on first access; ``slots`` is the same as a list)."""
-        if self._slot_ids is None:
-            self._slot_ids = np.array(self.slots, dtype=np.int32)
-        return self._slot_ids
-
-    def __repr__(self) -> str:
-        return f"StoreHandle({len(self.keys)} keys, slots={self.slots})"
-
-
-class LoadHandle:
+class LoadHandle(_Handle):
     """Pinned READY slots from :meth:`Engine.prepare_load`; release with :meth:`Engine.complete_load`."""
 
-    __slots__ = ("_slot_ids", "keys", "request", "slots", "token")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -156,19 +166,6 @@ class LoadHandle:
         self.slots, self._slot_ids = _slots(slot_ids)
         self.request = request
         self.token = token
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @property
-    def slot_ids(self) -> npt.NDArray[np.int32]:
-        """``int32`` array of the slots (built on first access; ``slots`` is the same as a list)."""
-        if self._slot_ids is None:
-            self._slot_ids = np.array(self.slots, dtype=np.int32)
-        return self._slot_ids
-
-    def __repr__(self) -> str:
-        return f"LoadHandle({len(self.keys)} keys, slots={self.slots})"
 
 
 class EngineEvent(NamedTuple):
