@@ -245,3 +245,21 @@ def test_engine_round_trip_on_each_byte_backing(backing: str) -> None:
         out = np.zeros_like(data)
         assert e.load_blocks(keys, out) == 3
         assert np.array_equal(out, data)
+
+
+@needs_shm
+def test_second_engine_cannot_own_the_same_segment(name: str) -> None:
+    # Two slot indexes over one buffer would give one slot to two keys and corrupt both blocks.
+    cfg = {"cpu_bytes_to_use": 4 * 4096, "block_bytes": 4096, "primary_backing": "shm", "shm_name": name}
+    with Engine(cfg) as e:
+        with pytest.raises(ConfigError, match="already owned by another engine"):
+            Engine(cfg)
+        # A worker attaching to the bytes is still welcome, and sees the owner's data.
+        e.primary.rows[1, :3] = [4, 5, 6]
+        w = ShmBuffer(name, 4, 4096)
+        assert list(w.rows[1, :3]) == [4, 5, 6]
+        w.close()
+    # Once the owner is gone another engine may own a (fresh) segment of that name.
+    with Engine(cfg) as again:
+        assert again.primary._buffer.created  # type: ignore[attr-defined]
+    assert name not in shm_files(name)

@@ -97,7 +97,14 @@ class ShmBuffer(HostBuffer):
     kind = "shm"
 
     def __init__(
-        self, name: str, num_slots: int, row_stride: int, directory: str = SHM_DIR, *, private: bool = False
+        self,
+        name: str,
+        num_slots: int,
+        row_stride: int,
+        directory: str = SHM_DIR,
+        *,
+        private: bool = False,
+        owner: bool = False,
     ) -> None:
         if not _NAME_RE.match(name):
             raise ConfigError(
@@ -110,6 +117,12 @@ class ShmBuffer(HostBuffer):
         self.path = os.path.join(directory, name)
         self._users_path = self.path + ".kvtier-users"
         self._lock_path = self.path + ".kvtier-lock"
+        # The slot index (states, pins, policy) lives in one process: the owner. Two indexes over one
+        # segment would hand the same slot to different keys, so a second owner is refused; other
+        # processes attach with owner=False and only read/write bytes the owner tells them about.
+        self._owner_path = self.path + ".kvtier-owner"
+        self.owner = owner
+        self._owner_fd = -1
         self.created = False
         # A generated per-process name is never opened by anyone else: its lock file can go too.
         self.private = private
@@ -127,9 +140,23 @@ class ShmBuffer(HostBuffer):
         rows = np.frombuffer(mm, dtype=np.uint8, count=self.size).reshape(num_slots, row_stride)
         super().__init__(rows)
 
+    def _take_ownership(self) -> None:
+        self._owner_fd = os.open(self._owner_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                "shm_name",
+                f"{self.name!r} is already owned by another engine (only one engine may own a segment's "
+                "slot index); give each engine its own shm_name, or attach worker processes to the bytes "
+                "with kvtier.transfer.buffers.ShmBuffer(name, num_slots, row_stride)",
+            ) from None
+
     def _open_locked(self) -> mmap.mmap:
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
+            if self.owner:
+                self._take_ownership()
             self._users_fd = os.open(self._users_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -168,11 +195,11 @@ class ShmBuffer(HostBuffer):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _close_fds(self) -> None:
-        for fd in (self._users_fd, self._lock_fd):
+        for fd in (self._owner_fd, self._users_fd, self._lock_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._users_fd = self._lock_fd = -1
+        self._owner_fd = self._users_fd = self._lock_fd = -1
 
     def close(self) -> None:
         """Unmap (when no view is left) and, as the last user, unlink the segment. Idempotent."""
@@ -187,7 +214,8 @@ class ShmBuffer(HostBuffer):
             except BlockingIOError:
                 last = False
             if last:
-                for p in (self.path, self._users_path, *((self._lock_path,) if self.private else ())):
+                paths = (self.path, self._users_path, self._owner_path)
+                for p in (*paths, *((self._lock_path,) if self.private else ())):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(p)
         finally:
@@ -212,7 +240,9 @@ def open_buffer(backing: str, num_slots: int, row_stride: int, shm_name: str | N
     if backing == "torch":
         return _torch(num_slots, row_stride)
     if backing == "shm":
+        # The primary tier holds the slot index, so it opens the segment as its owner.
         if shm_name:
-            return ShmBuffer(shm_name, num_slots, row_stride)
-        return ShmBuffer(f"kvtier-{os.getpid()}-{secrets.token_hex(4)}", num_slots, row_stride, private=True)
+            return ShmBuffer(shm_name, num_slots, row_stride, owner=True)
+        name = f"kvtier-{os.getpid()}-{secrets.token_hex(4)}"
+        return ShmBuffer(name, num_slots, row_stride, private=True, owner=True)
     raise ConfigError("primary_backing", f"expected heap, shm, torch or none, got {backing!r}")
