@@ -56,6 +56,8 @@ class MoverMixin:
 
         def _check_open(self) -> None: ...
 
+        def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]: ...
+
     # -- convenience movers (real bytes) -----------------------------------------------------
     def _needs_bytes(self) -> bool:
         return self.primary.backing != "none"
@@ -165,7 +167,11 @@ class MoverMixin:
 
         def run() -> list[BlockKey]:
             self.store_kv(keys, layout, block_ids, request)
-            return keys
+            # Report what is resident now (stored by this job or already there), not what was asked:
+            # keys dropped for want of a free slot must not look stored.
+            with self._lock:
+                slots = self.primary.find(self._scope(keys, request))
+            return [k for k, s in zip(keys, slots, strict=True) if s >= 0]
 
         return pool.submit(run, kind=STORE, keys=keys, nbytes=len(keys) * layout.block_bytes)
 

@@ -179,3 +179,25 @@ def test_async_store_and_load_jobs_with_partial_success() -> None:
         assert results[sid].success
         assert not results[lid].success and results[lid].successful_keys == frozenset(ks[:3])
         assert np.array_equal(dst.tensors[0][4:7], kv[0][0:3])
+
+
+def test_async_store_reports_only_the_keys_that_found_a_slot() -> None:
+    # Two slots, three keys in one job: the third has no slot (the others are being written), so
+    # the job must not claim it was stored.
+    kv = [rng_fill(np.zeros((NB, 64), np.uint8), 9)]
+    with Engine({"cpu_bytes_to_use": 2 * 4096, "block_bytes": 64}) as e:
+        ks = keys(3, "s")
+        sid = e.submit_store_kv(ks, KVLayout(kv), [0, 1, 2])
+        assert sid is not None
+        deadline = time.monotonic() + 10
+        results: dict[int, Any] = {}
+        while sid not in results and time.monotonic() < deadline:
+            results.update({r.job_id: r for r in e.poll_transfers()})
+            time.sleep(0.01)
+        res = results[sid]
+        assert not res.success
+        stored = res.successful_keys
+        assert stored is not None and len(stored) == 2
+        report = e.lookup(ks)
+        hits = {k for k, r in zip(ks, report.results, strict=True) if r is LookupResult.HIT}
+        assert hits == set(stored)

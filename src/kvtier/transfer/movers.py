@@ -331,6 +331,9 @@ def _cuda_gather(
     dev = layout.tensors[0].device
     idx = torch.as_tensor(list(block_ids), device=dev, dtype=torch.long)
     stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
+    # The side stream must not start before work already queued on the compute stream (the
+    # kernels that write this KV, or that still read the blocks we are about to overwrite).
+    stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
         for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
             u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
@@ -350,6 +353,9 @@ def _cuda_scatter(
     host = torch.from_numpy(rows)
     dev = layout.tensors[0].device
     stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
+    # The side stream must not start before work already queued on the compute stream (the
+    # kernels that write this KV, or that still read the blocks we are about to overwrite).
+    stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
         for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
             u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
