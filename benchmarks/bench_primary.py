@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {
             "ratio": TARGETS,
             "lookup_us_per_key": 1.0,
-            "simulate_us_per_block": 1.5,
         },
+        # The simulate path is reported, not judged here: its target (>= 500k block refs/s end to
+        # end) is bench_replay.py's.
         "targets_met": ok,
         "seconds": time.perf_counter() - t0,
     }

@@ -150,3 +150,15 @@ def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Pa
         assert t.wait_scan(30) and t.lookup(h.key_of("after-precreate")) is LookupResult.HIT
     finally:
         t.shutdown()
+
+
+def test_missing_parents_of_root_dir_are_created_private(tmp_path: Path) -> None:
+    # os.makedirs(mode=0o700) would leave the parents it creates at the umask's 0755.
+    root = tmp_path / "a" / "b"
+    primary = h.aligned_primary(2, BLOCK)
+    t = h.make_tier(primary, root)
+    try:
+        for d in (tmp_path / "a", root, Path(t.layout.ns_dir)):
+            assert d.stat().st_mode & 0o777 == 0o700, d
+    finally:
+        t.shutdown()

@@ -106,7 +106,7 @@ class Layout:
         Raises :class:`ConfigError` (one line naming the file and the fix) on a mismatch.
         """
         try:
-            os.makedirs(self.ns_dir, mode=0o700, exist_ok=True)
+            _makedirs_private(self.ns_dir)
         except OSError as exc:
             raise ConfigError(
                 key_path, f"cannot create {self.ns_dir} ({exc.strerror}); choose a writable root_dir"
@@ -247,3 +247,22 @@ def probe_direct_io(directory: str) -> bool:
         buf.close()
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _makedirs_private(path: str) -> None:
+    """``os.makedirs`` with mode 0700 on *every* level it creates (``os.makedirs`` applies ``mode`` to
+    the leaf only, leaving missing parents world-readable)."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
