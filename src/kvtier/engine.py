@@ -123,6 +123,12 @@ class Engine(MoverMixin):
         self._outbox: list[EngineEvent] = []
         self._nemitted = 0
         self._tenant_prefix: dict[str, bytes] = {}
+        # Tenant tags are keyed by the deployment's model + cache_salt: engines of one deployment
+        # agree on them (so shared tiers still share a tenant's blocks), while a caller that omits
+        # the tenant cannot forge another tenant's internal keys unless it knows cache_salt.
+        self._tenant_key = hashlib.blake2b(
+            f"{self.config.model}\0{self.config.cache_salt}".encode(), digest_size=32
+        ).digest()
         self._open_handles: set[int] = set()
         self._token = 0
         self._pool: TransferPool | None = None
@@ -151,7 +157,9 @@ class Engine(MoverMixin):
             return keys if isinstance(keys, list) else list(keys)
         prefix = self._tenant_prefix.get(request.tenant)
         if prefix is None:
-            digest = hashlib.blake2b(request.tenant.encode(), digest_size=8, person=b"kvtier-tenant").digest()
+            digest = hashlib.blake2b(
+                request.tenant.encode(), digest_size=8, key=self._tenant_key, person=b"kvtier-tenant"
+            ).digest()
             prefix = self._tenant_prefix.setdefault(request.tenant, b"\x01" + digest)
         return [BlockKey(prefix + k) for k in keys]
 

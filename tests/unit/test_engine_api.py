@@ -579,3 +579,26 @@ def test_tiers_and_policies_never_import_the_engine() -> None:
                     f"{path.name}: {n}" for n in names if n.startswith(("kvtier.engine", "kvtier.primary"))
                 ]
     assert offenders == []
+
+
+def test_a_tenantless_caller_cannot_forge_a_tenants_internal_keys() -> None:
+    # The tag is keyed by model + cache_salt: guessing it from the tenant's name alone (as an
+    # unkeyed hash would allow) must not reach tenant A's blocks.
+    import hashlib
+
+    with Engine({**cfg(8), "cache_salt": "deployment-secret"}) as e:
+        keys = [K(i) for i in range(2)]
+        data = payload(keys)
+        assert e.store_blocks(keys, data, RequestContext("r1", tenant="A")) == 2
+        guess = hashlib.blake2b(b"A", digest_size=8, person=b"kvtier-tenant").digest()
+        forged = [BlockKey(b"\x01" + guess + k) for k in keys]
+        assert e.lookup(forged).results == [MISS] * 2
+        # Engines of the same deployment agree on the tag; another salt does not.
+        with Engine({**cfg(8), "cache_salt": "deployment-secret"}) as same:
+            assert same._scope(keys, RequestContext("x", tenant="A")) == e._scope(
+                keys, RequestContext("y", tenant="A")
+            )
+        with Engine({**cfg(8), "cache_salt": "other"}) as other:
+            assert other._scope(keys, RequestContext("x", tenant="A")) != e._scope(
+                keys, RequestContext("y", tenant="A")
+            )
