@@ -49,14 +49,21 @@ def test_block_served_under_another_key_is_detected() -> None:
 
 def test_plot_writes_png_with_curves(tmp_path: Path) -> None:
     out = tmp_path / "plot.png"
-    plot_hit_ratio(
+    labels = plot_hit_ratio(
         out,
         {"lru": [(1, 0.05), (5, 0.19), (10, 0.28)], "arc": [(1, 0.06), (5, 0.2), (10, 0.29)]},
         opt=[(1, 0.25), (5, 0.36), (10, 0.366)],
         ceiling=0.3664,
     )
+    # One legend entry per policy, then the OPT curve and the infinite-cache line.
+    assert labels == ["lru", "arc", "OPT (Belady)", "infinite cache (36.64%)"]
     raw = out.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 10_000
+
+
+def test_plot_without_opt_or_ceiling_draws_only_the_policies(tmp_path: Path) -> None:
+    labels = plot_hit_ratio(tmp_path / "p.png", {"sieve": [(1, 0.1), (5, 0.2)]})
+    assert labels == ["sieve"]
 
 
 def test_plot_unwritable_path_is_one_line_error(tmp_path: Path) -> None:

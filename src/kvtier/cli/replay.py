@@ -54,6 +54,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", help="write hit ratio vs capacity plot (implies --sweep)")
     p.add_argument("--opt", action=argparse.BooleanOptionalAction, default=None,
                    help="compute Belady/OPT (default: on with --simulate and --sweep)")  # fmt: skip
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="real mode: finish each request's tier I/O before the next request (fs tiers on one "
+        "I/O thread), so per-tier hits match --simulate exactly; no effect with --simulate/--sweep",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while replaying"
@@ -84,6 +90,8 @@ def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-replay-"))
             config = load_config(default_config(Path(tmp) / "fs0"))
+        if args.sync and not (args.simulate or args.sweep or args.plot is not None):
+            config = _one_io_thread(config)
         if args.block_bytes is not None:
             if args.block_bytes < 1:
                 raise ConfigError("--block-bytes", f"must be >= 1, got {args.block_bytes}")
@@ -91,6 +99,20 @@ def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
             config = dataclasses.replace(config, block_bytes=args.block_bytes)
             config = dataclasses.replace(config, cpu_bytes_to_use=slots * config.row_stride)
         yield trace, config
+
+
+def _one_io_thread(config: Any) -> Any:
+    """``config`` with every ``fs`` tier on one I/O thread (``--sync``).
+
+    With several threads a store job's chunks finish in any order, so its blocks enter the tier's
+    policy in a varying order and a later victim can differ from the model's (which inserts them in
+    key order); one thread keeps key order.
+    """
+    tiers = tuple(
+        dataclasses.replace(t, options={**t.options, "threads": 1}) if t.type == "fs" else t
+        for t in config.secondary_tiers
+    )
+    return dataclasses.replace(config, secondary_tiers=tiers)
 
 
 @contextlib.contextmanager
@@ -191,6 +213,7 @@ def _run(args: argparse.Namespace) -> int:
                 simulate=args.simulate,
                 progress=bar.update,
                 metrics_port=args.metrics_port,
+                sync=args.sync,
             )
         finally:
             bar.close()

@@ -25,12 +25,13 @@ def plot_hit_ratio(
     ceiling: float | None = None,
     title: str = "Block hit ratio vs capacity",
     xlabel: str = "capacity (% of unique blocks)",
-) -> None:
-    """Write a PNG of hit ratio (y, in %) against capacity (x).
+) -> list[str]:
+    """Write a PNG of hit ratio (y, in %) against capacity (x); return the legend's labels, in order.
 
     ``curves`` maps a policy name to ``(x, hit_ratio)`` points with ``hit_ratio`` in [0, 1]; ``opt``
     is the OPT curve, ``ceiling`` the infinite-cache hit ratio (a horizontal line). Raises
-    :class:`KvtierError` with the path when the file cannot be written.
+    :class:`KvtierError` with the path when the file cannot be written. The labels (one per policy,
+    then ``OPT (Belady)`` and ``infinite cache (…%)`` when given) are read back from the drawn legend.
     """
     try:
         import matplotlib
@@ -67,7 +68,8 @@ def plot_hit_ratio(
         ax.set_title(title)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right")
+        legend = ax.legend(loc="lower right")
+        labels = [t.get_text() for t in legend.get_texts()]
         fig.tight_layout()
         try:
             fig.savefig(os.fspath(path), format="png")
@@ -75,3 +77,4 @@ def plot_hit_ratio(
             raise KvtierError(f"--plot: cannot write {os.fspath(path)} ({exc.strerror or exc})") from exc
     finally:
         plt.close(fig)
+    return labels
