@@ -9,7 +9,7 @@ cost model to one vectorised pass at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,6 +121,46 @@ def _count_hits(report: ReplayReport, codes: bytes, n: int, last: int, tpb: int)
     return hits
 
 
+def _requests(
+    trace: PreparedTrace, ctx_cls: Any, now: list[float]
+) -> Iterator[tuple[int, Any, Any, int, Any]]:
+    """``(index, keys, infos, last_tokens, ctx)`` of each non-empty request, in order.
+
+    Advances the virtual clock to the request's timestamp and reuses one context per tenant (the
+    simulate loops are hot; a context per request would cost an allocation each)."""
+    ctx_of: dict[str | None, Any] = {None: ctx_cls()}
+    for i, (keys, infos, last, ts, tenant) in enumerate(
+        zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
+    ):
+        if not keys:
+            continue
+        now[0] = ts
+        ctx = ctx_of.get(tenant)
+        if ctx is None:
+            ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
+        yield i, keys, infos, last, ctx
+
+
+def _misses(keys: Any, infos: Any, codes: bytes, hits: int, plen: int) -> tuple[Any, Any]:
+    """Keys (and infos) answered MISS or RETRY: a slice when the hits are the leading run."""
+    if hits == plen:
+        return keys[plen:], infos[plen:]
+    idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
+    return [keys[j] for j in idx], [infos[j] for j in idx]
+
+
+def _tick(
+    engine: Any, done: int, total: int, progress: ProgressFn | None, hook: Callable[[Any, int], None] | None
+) -> None:
+    """Every _PROGRESS_EVERY requests: bound the event queue, report progress, run the hook."""
+    if done % _PROGRESS_EVERY == 0:
+        engine.events()  # keep the event queue bounded; replay reads stats, not events
+        if progress is not None:
+            progress(done, total)
+        if hook is not None:
+            hook(engine, done)
+
+
 def run_simulate(
     engine: Any,
     trace: PreparedTrace,
@@ -142,18 +182,8 @@ def run_simulate(
     prepare_store = engine.prepare_store
     complete_store = engine.complete_store
     total = trace.requests
-    no_ctx = ctx_cls()
-    ctx_of: dict[str | None, Any] = {None: no_ctx}
-    for i, (keys, infos, last, ts, tenant) in enumerate(
-        zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
-    ):
+    for i, keys, infos, last, ctx in _requests(trace, ctx_cls, now):
         n = len(keys)
-        if not n:
-            continue
-        now[0] = ts
-        ctx = ctx_of.get(tenant)
-        if ctx is None:
-            ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
         before = [t.stats.hits for t in tiers] if tiers else None
         codes = _codes(lookup(keys, ctx))
         hits = _count_hits(report, codes, n, last, tpb)
@@ -169,22 +199,11 @@ def run_simulate(
             # Finish the promotions before storing the misses, as real mode does (load first).
             engine.poll()
         if hits < n:
-            if hits == plen:
-                # Hits form the leading run (the usual case with chained prefix ids): slice.
-                mk, mi = keys[plen:], infos[plen:]
-            else:
-                idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
-                mk = [keys[j] for j in idx]
-                mi = [infos[j] for j in idx]
+            mk, mi = _misses(keys, infos, codes, hits, plen)
             complete_store(prepare_store(mk, ctx, mi))
         if tiers:
             engine.poll()
-        if (i + 1) % _PROGRESS_EVERY == 0:
-            engine.events()  # keep the event queue bounded; replay reads stats, not events
-            if progress is not None:
-                progress(i + 1, total)
-            if hook is not None:
-                hook(engine, i + 1)
+        _tick(engine, i + 1, total, progress, hook)
     if tiers:
         engine.drain()
         engine.poll()
@@ -216,20 +235,11 @@ def _simulate_primary_only(
     # "the misses" are exactly what this loop would store).
     access = getattr(engine, "access", None)
     total = trace.requests
-    ctx_of: dict[str | None, Any] = {None: ctx_cls()}
     block_hits = token_hits = prefix_hits = prefix_tokens = 0
     cost_n: list[int] = []
     cost_t: list[int] = []
-    for i, (keys, infos, last, ts, tenant) in enumerate(
-        zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
-    ):
+    for i, keys, infos, last, ctx in _requests(trace, ctx_cls, now):
         n = len(keys)
-        if not n:
-            continue
-        now[0] = ts
-        ctx = ctx_of.get(tenant)
-        if ctx is None:
-            ctx = ctx_of[tenant] = ctx_cls(tenant=tenant)
         codes = access(keys, ctx, infos).codes if access is not None else lookup(keys, ctx).codes
         if not isinstance(codes, bytes):
             codes = bytes(codes)
@@ -251,17 +261,9 @@ def _simulate_primary_only(
                 cost_n.append(plen)
                 cost_t.append(ptok)
         if hits < n and access is None:
-            if hits == plen:
-                complete_store(prepare_store(keys[plen:], ctx, infos[plen:]))
-            else:
-                idx = [j for j, c in enumerate(codes) if c == 0 or c == 3]
-                complete_store(prepare_store([keys[j] for j in idx], ctx, [infos[j] for j in idx]))
-        if (i + 1) % _PROGRESS_EVERY == 0:
-            engine.events()  # keep the event queue bounded; replay reads stats, not events
-            if progress is not None:
-                progress(i + 1, total)
-            if hook is not None:
-                hook(engine, i + 1)
+            mk, mi = _misses(keys, infos, codes, hits, plen)
+            complete_store(prepare_store(mk, ctx, mi))
+        _tick(engine, i + 1, total, progress, hook)
     if progress is not None:
         progress(total, total)
     report.block_hits += block_hits
@@ -368,12 +370,7 @@ def run_real(
         if sync or engine.inflight_jobs > overlap:
             engine.drain()
         engine.poll()
-        if (i + 1) % _PROGRESS_EVERY == 0:
-            engine.events()
-            if progress is not None:
-                progress(i + 1, total)
-            if hook is not None:
-                hook(engine, i + 1)
+        _tick(engine, i + 1, total, progress, hook)
     engine.drain()
     engine.poll()
     if progress is not None:
