@@ -1,4 +1,5 @@
-"""The example tier passes kvtier's own tier conformance suite (as every later tier must)."""
+"""The example tier passes kvtier's own conformance suite for AsyncTier-based tiers (as every later
+tier must)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.testing import PrimaryBuffer, TierContractTests
+from kvtier.testing import AsyncTierContractTests, PrimaryBuffer
 from kvtier.tiers.example import ExampleTier
 
 
-class TestExampleTierContract(TierContractTests):
+class TestExampleTierContract(AsyncTierContractTests):
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> ExampleTier:
         return ExampleTier(primary_kv_view=primary.view, context=primary.context("example"))
 
 
-class TestBoundedExampleTierContract(TierContractTests):
+class TestBoundedExampleTierContract(AsyncTierContractTests):
     """Same contract with a capacity that every test fits in, over a buffer the test provides."""
 
     @pytest.fixture

@@ -10,30 +10,26 @@ from pathlib import Path
 BROKEN = '''
 from pathlib import Path
 
-from kvtier.jobs import JobResult
-from kvtier.keys import LookupResult
 from kvtier.testing import PrimaryBuffer, TierContractTests
+from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.example import ExampleTier
 
 
 class KeysOnlyTier(ExampleTier):
     """Like vLLM's example tier: remembers keys, copies no bytes."""
 
-    def submit_load(self, job):
-        self._accept(job)
-        held = [k for k in job.keys if k in self._blocks]
-        ok = len(held) == len(job.keys)
-        self._finish(JobResult(job.job_id, ok, None if ok else frozenset(held)))
+    def _load_chunk(self, state, items):
+        held = [k for k, _ in items if k in self._blocks]
+        return ChunkOutcome(done=held, nbytes=len(held) * self.block_bytes)
 
 
 class ReportsTwiceTier(ExampleTier):
     def get_finished_jobs(self):
-        done = list(self._finished)
-        if len(done) > 0 and getattr(self, "_again", None) is None:
+        done = super().get_finished_jobs()
+        if done and getattr(self, "_again", None) is None:
             self._again = done  # report the first batch a second time on the next call
             return done
-        again, self._again = (self._again or []), []
-        self._finished = []
+        again, self._again = (getattr(self, "_again", None) or []), []
         return done + again
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey
 from kvtier.testing.primary import wait_for_jobs
-from kvtier.tiers.fs_pool import PRIO_STORE
+from kvtier.transfer.workers import Priority
 
 BLOCK = 4096
 JOBS = 24
@@ -21,7 +21,7 @@ JOBS = 24
 def _queue_single_block_jobs(tier, primary, keys: list[BlockKey]) -> list[int]:  # type: ignore[no-untyped-def]
     """Submit one store job per key while the only worker is held, so they all queue up."""
     gate = threading.Event()
-    tier._pool.submit(PRIO_STORE, gate.wait)  # occupies the single worker
+    tier._pool.submit(Priority.STORE, gate.wait)  # occupies the single worker
     ids = []
     for slot, k in enumerate(keys):
         primary.block(slot)[:] = h.payload_of(k, BLOCK)

@@ -14,6 +14,10 @@ Run kvtier's own secondary-tier contract tests against your tier in a few lines 
             return MyTier(primary_kv_view=primary.view, context=primary.context("mine"),
                           root_dir=str(workdir / "store"))
 
+A tier built on :class:`kvtier.tiers.async_tier.AsyncTier` (the base for I/O-doing tiers)
+subclasses :class:`AsyncTierContractTests` instead, the same way: it runs the whole tier contract
+plus the base's guarantees (failed chunks, jobs after shutdown, back-pressure).
+
 ``make_tier`` gets a :class:`PrimaryBuffer` (a heap buffer by default) and a per-test directory;
 persistent tiers must keep their data under it, because the persistence test calls ``make_tier``
 twice with the same directory. To test with a buffer of your own (shared memory, a torch tensor),
@@ -34,8 +38,15 @@ What the suite checks is written in each test's docstring; together they are the
 
 from __future__ import annotations
 
+from kvtier.testing.async_tier_contract import AsyncTierContractTests
 from kvtier.testing.policy_contract import PolicyContractTests
 from kvtier.testing.primary import PrimaryBuffer, wait_for_jobs
 from kvtier.testing.tier_contract import TierContractTests
 
-__all__ = ["PolicyContractTests", "PrimaryBuffer", "TierContractTests", "wait_for_jobs"]
+__all__ = [
+    "AsyncTierContractTests",
+    "PolicyContractTests",
+    "PrimaryBuffer",
+    "TierContractTests",
+    "wait_for_jobs",
+]

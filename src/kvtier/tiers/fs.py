@@ -46,9 +46,10 @@ from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs_io import read_block
 from kvtier.tiers.fs_layout import Layout, probe_direct_io
 from kvtier.tiers.fs_policy import make_policy
-from kvtier.tiers.fs_pool import PRIO_LOAD, PRIO_STORE, IoPool, RateLimitedLog
 from kvtier.tiers.fs_scan import IndexSync
 from kvtier.tiers.fs_store import Job, StorePath
+from kvtier.tiers.ratelog import RateLimitedLog
+from kvtier.transfer.workers import Priority, WorkerPool
 
 __all__ = ["FsTier"]
 
@@ -178,7 +179,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         self._tombstones: set[BlockKey] = set()
         self.scan_files = 0
         self.scan_seconds = 0.0
-        self._pool = IoPool(threads, context.name, log)
+        self._pool = WorkerPool(threads, name=f"kvtier-fs-{context.name}", logger=log)
         self._rescan_wanted = False
         self._wake = threading.Event()
         #: Set once the start-up scan and the shard-directory pre-creation are done.
@@ -266,7 +267,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
             self._grant_q.append(state)  # reserved with the jobs ahead of it when possible
             self._jobs_open += 1
         for chunk in chunks:
-            self._pool.submit(PRIO_STORE, functools.partial(self._store_chunk, state, chunk))
+            self._pool.submit(Priority.STORE, functools.partial(self._store_chunk, state, chunk))
 
     def submit_load(self, job: TransferJob) -> None:
         if self._closed:
@@ -284,7 +285,7 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
             state = Job(job, len(chunks))
             self._jobs_open += 1
         for chunk in chunks:
-            self._pool.submit(PRIO_LOAD, functools.partial(self._load_chunk, state, chunk))
+            self._pool.submit(Priority.LOAD, functools.partial(self._load_chunk, state, chunk))
 
     def get_finished_jobs(self) -> list[JobResult]:
         with self._lock:
@@ -435,6 +436,6 @@ class FsTier(StorePath, IndexSync, SecondaryTier):
         self._closed = True
         self._wake.set()
         self._pool.wait_idle()
-        self._pool.stop()
+        self._pool.stop(timeout=10)
         self._scan_thread.join(timeout=30)
         self._acct.close()

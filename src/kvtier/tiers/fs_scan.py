@@ -28,7 +28,7 @@ from kvtier.tiers.base import TierStats
 from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs_layout import Layout, ScanShard
 from kvtier.tiers.fs_policy import make_policy
-from kvtier.tiers.fs_pool import RateLimitedLog
+from kvtier.tiers.ratelog import RateLimitedLog
 
 __all__ = ["IndexSync"]
 

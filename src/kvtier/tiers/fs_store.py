@@ -35,7 +35,7 @@ from kvtier.tiers.base import TierStats
 from kvtier.tiers.fs_accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs_io import fsync_dir, write_block
 from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout
-from kvtier.tiers.fs_pool import RateLimitedLog
+from kvtier.tiers.ratelog import RateLimitedLog
 
 __all__ = ["Job", "StorePath"]
 

@@ -1,6 +1,8 @@
-"""Moving bytes: primary-tier buffers, job ids, a small worker pool and KV movers.
+"""Moving bytes: primary-tier buffers, job ids, the worker pool and KV movers.
 
 * :mod:`kvtier.transfer.buffers` -- heap / shared-memory / torch / metadata-only primary buffers.
+* :mod:`kvtier.transfer.workers` -- :class:`~kvtier.transfer.workers.WorkerPool`: the one priority
+  thread pool (loads before stores before maintenance) behind the transfer pool and every tier.
 * :mod:`kvtier.transfer.pool` -- :class:`TransferPool`: non-blocking submission with job ids, loads
   before stores, bounded in-flight work, completion polling, partial success.
 * :mod:`kvtier.transfer.movers` -- :class:`KVLayout` and batched gather/scatter between an inference

@@ -1,10 +1,10 @@
-"""Job ids and a small worker pool for slow copies.
+"""Job ids and the engine's transfer pool for slow copies.
 
-:class:`TransferPool` runs callables on a few threads. Submission never blocks: when ``max_inflight``
-jobs are queued or running it returns ``None`` and the caller retries later (back-pressure instead of
-an unbounded queue). Loads run before stores because a load is on a request's critical path and a
-store is not. Results are collected with :meth:`TransferPool.poll`; every submitted job is reported
-exactly once, as a :class:`~kvtier.jobs.JobResult`, including jobs whose callable raised.
+:class:`TransferPool` runs job callables on a :class:`~kvtier.transfer.workers.WorkerPool` (loads
+before stores, FIFO within each). Submission never blocks: when ``max_inflight`` jobs are queued or
+running it returns ``None`` and the caller retries later (back-pressure instead of an unbounded
+queue). Results are collected with :meth:`TransferPool.poll`; every submitted job is reported exactly
+once, as a :class:`~kvtier.jobs.JobResult`, including jobs whose callable raised.
 
 A job callable returns ``None`` (every key transferred) or the collection of keys it did transfer
 (partial success).
@@ -12,21 +12,22 @@ A job callable returns ``None`` (every key transferred) or the collection of key
 
 from __future__ import annotations
 
-import heapq
+import functools
 import itertools
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 
 from kvtier.errors import MisuseError
 from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey
+from kvtier.transfer.workers import Priority, WorkerPool
 
 __all__ = ["LOAD", "STORE", "JobIds", "TransferPool"]
 
-LOAD = 0
-STORE = 1
+#: Job kinds of :meth:`TransferPool.submit` (the worker pool's priorities).
+LOAD = Priority.LOAD
+STORE = Priority.STORE
 
 JobFn = Callable[[], Collection[BlockKey] | None]
 
@@ -43,18 +44,8 @@ class JobIds:
             return next(self._next)
 
 
-@dataclass(order=True)
-class _Queued:
-    priority: int
-    seq: int
-    job_id: int = field(compare=False)
-    fn: JobFn = field(compare=False)
-    keys: Sequence[BlockKey] = field(compare=False)
-    nbytes: int = field(compare=False)
-
-
 class TransferPool:
-    """A bounded pool of ``workers`` threads; loads (priority 0) before stores (priority 1).
+    """A bounded pool of ``workers`` threads; loads (``LOAD``) before stores (``STORE``).
 
     Args:
         workers: threads (2 uses both cores of a small host; copies release the GIL).
@@ -74,86 +65,59 @@ class TransferPool:
             raise ValueError("workers and max_inflight must be >= 1")
         self.max_inflight = max_inflight
         self._ids = ids or JobIds()
-        self._cv = threading.Condition()
-        self._queue: list[_Queued] = []
-        self._seq = itertools.count()
-        self._running = 0
+        self._lock = threading.Lock()
         self._done: list[JobResult] = []
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
+        self._workers = WorkerPool(workers, name=name, max_inflight=max_inflight)
 
     @property
     def inflight(self) -> int:
         """Jobs queued or running (not yet finished)."""
-        with self._cv:
-            return len(self._queue) + self._running
+        return self._workers.outstanding
 
     def submit(
         self, fn: JobFn, *, kind: int = STORE, keys: Sequence[BlockKey] = (), nbytes: int = 0
     ) -> int | None:
         """Queue ``fn``; returns its job id, or ``None`` when ``max_inflight`` jobs are pending."""
-        with self._cv:
-            if self._closed:
-                raise MisuseError("TransferPool.submit after shutdown")
-            if len(self._queue) + self._running >= self.max_inflight:
-                return None
-            job_id = self._ids()
-            heapq.heappush(self._queue, _Queued(kind, next(self._seq), job_id, fn, keys, nbytes))
-            self._cv.notify()
-            return job_id
+        if self._closed:
+            raise MisuseError("TransferPool.submit after shutdown")
+        if self._workers.outstanding >= self.max_inflight:
+            return None  # checked first so a refused job does not use up an id
+        job_id = self._ids()
+        task = functools.partial(self._run, job_id, fn, keys, nbytes)
+        return job_id if self._workers.submit(kind, task) else None
 
     def poll(self) -> list[JobResult]:
         """Results finished since the last call (each job exactly once)."""
-        with self._cv:
+        with self._lock:
             done, self._done = self._done, []
             return done
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no job is queued or running; ``False`` on timeout. Results stay for :meth:`poll`."""
-        with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
+        return self._workers.wait_idle(timeout)
 
     def shutdown(self) -> None:
         """Finish queued jobs, stop the threads. Idempotent."""
-        self.drain()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        for t in self._threads:
-            t.join()
+        self._closed = True
+        self._workers.stop()
 
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                item = heapq.heappop(self._queue)
-                self._running += 1
-            t0 = time.perf_counter()
-            result = self._run(item, t0)
-            with self._cv:
-                self._running -= 1
-                self._done.append(result)
-                self._cv.notify_all()
+    def _run(self, job_id: int, fn: JobFn, keys: Sequence[BlockKey], nbytes: int) -> None:
+        t0 = time.perf_counter()
+        result = _result(job_id, fn, keys, nbytes, t0)
+        with self._lock:
+            self._done.append(result)
 
-    @staticmethod
-    def _run(item: _Queued, t0: float) -> JobResult:
-        try:
-            moved = item.fn()
-        except Exception as exc:  # a failed copy is a failed job, never a crashed worker
-            return JobResult(
-                item.job_id, False, None, 0, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
-            )
-        seconds = time.perf_counter() - t0
-        if moved is None:
-            return JobResult(item.job_id, True, None, item.nbytes, seconds)
-        ok = frozenset(moved)
-        total = len(set(item.keys))
-        per_key = item.nbytes // total if total else 0
-        return JobResult(item.job_id, len(ok) >= total, ok, per_key * len(ok), seconds)
+
+def _result(job_id: int, fn: JobFn, keys: Sequence[BlockKey], nbytes: int, t0: float) -> JobResult:
+    try:
+        moved = fn()
+    except Exception as exc:  # a failed copy is a failed job, never a crashed worker
+        return JobResult(job_id, False, None, 0, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}")
+    seconds = time.perf_counter() - t0
+    if moved is None:
+        return JobResult(job_id, True, None, nbytes, seconds)
+    ok = frozenset(moved)
+    total = len(set(keys))
+    per_key = nbytes // total if total else 0
+    return JobResult(job_id, len(ok) >= total, ok, per_key * len(ok), seconds)

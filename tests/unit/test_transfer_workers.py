@@ -1,0 +1,139 @@
+"""The one worker pool: priority then FIFO, bounded in flight, tasks never kill a worker, idle/stop;
+and the rate-limited tier log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.errors import MisuseError
+from kvtier.tiers.ratelog import RateLimitedLog
+from kvtier.transfer.workers import Priority, WorkerPool
+
+log = logging.getLogger("kvtier.test.workers")
+
+
+def test_loads_run_before_queued_stores_before_maintenance() -> None:
+    pool = WorkerPool(1, name="prio", logger=log)
+    gate = threading.Event()
+    order: list[str] = []
+    try:
+        pool.submit(Priority.STORE, gate.wait)  # occupies the only worker
+        pool.submit(Priority.MAINTENANCE, lambda: order.append("maint"))
+        for i in range(3):
+            pool.submit(Priority.STORE, lambda i=i: order.append(f"store{i}"))
+        pool.submit(Priority.LOAD, lambda: order.append("load"))
+        gate.set()
+        assert pool.wait_idle(10)
+        assert order == ["load", "store0", "store1", "store2", "maint"]
+    finally:
+        pool.stop()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(list(Priority)), min_size=1, max_size=30))
+def test_one_worker_runs_any_queue_in_priority_then_fifo_order(prios: list[Priority]) -> None:
+    pool = WorkerPool(1, name="order", logger=log)
+    gate = threading.Event()
+    ran: list[int] = []
+    try:
+        pool.submit(Priority.LOAD, gate.wait)
+        for i, p in enumerate(prios):
+            pool.submit(p, lambda i=i: ran.append(i))
+        gate.set()
+        assert pool.wait_idle(10)
+        assert ran == sorted(range(len(prios)), key=lambda i: (prios[i], i))
+    finally:
+        pool.stop()
+
+
+def test_a_raising_task_is_logged_and_the_worker_survives(caplog: pytest.LogCaptureFixture) -> None:
+    pool = WorkerPool(1, name="err", logger=log)
+    done = threading.Event()
+    try:
+
+        def boom() -> None:
+            raise RuntimeError("boom")
+
+        pool.submit(Priority.STORE, boom)
+        pool.submit(Priority.STORE, done.set)
+        assert pool.wait_idle(10)
+        assert done.is_set()
+        assert any("unexpected error" in r.getMessage() and r.exc_info for r in caplog.records)
+    finally:
+        pool.stop()
+
+
+def test_bounded_in_flight_refuses_without_blocking() -> None:
+    gate = threading.Event()
+    pool = WorkerPool(1, name="bound", max_inflight=2, logger=log)
+    try:
+        assert pool.submit(Priority.STORE, gate.wait)
+        assert pool.submit(Priority.STORE, lambda: None)
+        assert not pool.submit(Priority.LOAD, lambda: None)  # full: refused, even a load
+        assert pool.outstanding == 2
+        gate.set()
+        assert pool.wait_idle(10)
+        assert pool.outstanding == 0 and pool.submit(Priority.LOAD, lambda: None)
+    finally:
+        pool.stop()
+
+
+def test_wait_idle_times_out_and_stop_runs_what_is_queued() -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+    pool = WorkerPool(2, name="stop", logger=log)
+    pool.submit(Priority.STORE, gate.wait)
+    pool.submit(Priority.STORE, gate.wait)
+    pool.submit(Priority.STORE, lambda: ran.append(1))
+    assert not pool.wait_idle(0.05)
+    gate.set()
+    pool.stop(timeout=10)
+    assert ran == [1] and pool.outstanding == 0
+    pool.stop()  # idempotent
+    with pytest.raises(MisuseError, match="after stop"):
+        pool.submit(Priority.LOAD, lambda: None)
+
+
+def test_a_task_may_stop_its_own_pool() -> None:
+    pool = WorkerPool(1, name="self-stop", logger=log)
+    done = threading.Event()
+
+    def stop_from_inside() -> None:
+        pool.stop(timeout=1)
+        done.set()
+
+    pool.submit(Priority.MAINTENANCE, stop_from_inside)
+    assert done.wait(10)
+
+
+def test_bad_sizes_are_rejected() -> None:
+    with pytest.raises(ValueError, match="threads"):
+        WorkerPool(0)
+    with pytest.raises(ValueError, match="max_inflight"):
+        WorkerPool(1, max_inflight=0)
+
+
+def test_rate_limited_log_suppresses_and_counts(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    rl = RateLimitedLog(log, interval=3600)
+    for _ in range(50):
+        rl.warning("enospc", "disk full")
+    rl.warning("other", "something else")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == ["disk full", "something else"]
+
+
+def test_rate_limited_log_says_how_many_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    rl = RateLimitedLog(log, interval=0.0)  # every line passes; the counter only appears after drops
+    rl.warning("r", "first")
+    rl._interval = 3600
+    rl.warning("r", "dropped")
+    rl._interval = 0.0
+    rl.warning("r", "again")
+    assert [r.getMessage() for r in caplog.records] == ["first", "again (1 similar suppressed)"]
