@@ -9,17 +9,17 @@ import pytest
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy
-from kvtier.policies.evaluate import (
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import PrefixAwarePolicy
+from kvtier.policies.s3fifo import S3FIFOPolicy
+from kvtier.policies.sieve import SIEVEPolicy
+from kvtier.sim.evaluate import (
     flat_hits,
     lcs_flat_hit_ratio,
     lcs_prefix_replay,
     prefix_replay,
     write_oracle_general,
 )
-from kvtier.policies.lru import LRUPolicy
-from kvtier.policies.prefix import PrefixAwarePolicy
-from kvtier.policies.s3fifo import S3FIFOPolicy
-from kvtier.policies.sieve import SIEVEPolicy
 from kvtier.sim.trace import TraceRequest, flatten, read_trace
 
 pytest.importorskip("libcachesim")
