@@ -7,7 +7,7 @@ fractions of the trace's unique blocks (floor):
   kvtier's lru/arc/s3fifo/sieve/prefix next to libCacheSim's LRU/ARC/S3FIFO/Sieve (+ LIRS,
   WTinyLFU) and Belady/OPT;
 * **prefix-hit ratio** -- requests replayed one at a time, a request's hit = its leading run of
-  resident blocks (see :mod:`kvtier.policies.evaluate` and docs/policies.md) -- for kvtier's
+  resident blocks (see :mod:`kvtier.sim.evaluate` and docs/policies.md) -- for kvtier's
   ``prefix`` next to libCacheSim's six policies.
 
 It also measures key hashing (tokens/s of ``KeyNamespace.key_tokens``) and the LRU hot path
@@ -36,17 +36,17 @@ import numpy as np
 
 from kvtier.keys import make_namespace
 from kvtier.policies.arc import ARCPolicy
-from kvtier.policies.evaluate import (
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import PrefixAwarePolicy
+from kvtier.policies.s3fifo import S3FIFOPolicy
+from kvtier.policies.sieve import SIEVEPolicy
+from kvtier.sim.evaluate import (
     flat_hits,
     lcs_flat_hit_ratio,
     lcs_prefix_replay,
     prefix_replay,
     write_oracle_general,
 )
-from kvtier.policies.lru import LRUPolicy
-from kvtier.policies.prefix import PrefixAwarePolicy
-from kvtier.policies.s3fifo import S3FIFOPolicy
-from kvtier.policies.sieve import SIEVEPolicy
 from kvtier.sim.opt import infinite_hit_ratio, opt_hit_ratio
 from kvtier.sim.trace import flatten, read_trace
 

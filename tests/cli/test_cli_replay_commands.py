@@ -11,6 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from needs import need_module
+
+need_module("rich", "cli")  # `kvtier replay` prints with rich
 
 KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
 

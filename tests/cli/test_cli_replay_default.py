@@ -9,7 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from needs import need_module
 
+need_module("rich", "cli")  # `kvtier replay` prints with rich
+
+
+@pytest.mark.slow
 def test_default_replay_runs_under_a_minute_and_cleans_up(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the default fs tier's directory goes here
     t0 = time.monotonic()

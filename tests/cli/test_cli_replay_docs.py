@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import need_module
+
+need_module("rich", "cli")  # `kvtier replay` prints with rich
 
 DOC = Path(__file__).parents[2] / "docs" / "replay.md"
 

@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from needs import need_module
+
+need_module("rich", "cli")  # `kvtier replay` prints with rich
+
 KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
 
 
@@ -22,6 +27,7 @@ def _replay(*args: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_real_sync_equals_simulate_per_tier_with_fs_evictions(tmp_path: Path) -> None:
     config = json.dumps(
         {

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
+import pytest
 
 from kvtier.keys import BlockKey
 
@@ -23,6 +24,7 @@ BLOCK = 64 * 1024
 ROUNDS = 12
 
 
+@pytest.mark.slow
 def test_sigkill_mid_batch_never_serves_wrong_bytes_and_keeps_exact_accounting(tmp_path: Path) -> None:
     rng = random.Random(5)
     root = tmp_path / "root"

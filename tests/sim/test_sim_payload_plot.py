@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from needs import need_module
 
 from kvtier.errors import KvtierError
 from kvtier.keys import BlockKey
@@ -48,6 +49,7 @@ def test_block_served_under_another_key_is_detected() -> None:
 
 
 def test_plot_writes_png_with_curves(tmp_path: Path) -> None:
+    need_module("matplotlib", "cli")
     out = tmp_path / "plot.png"
     labels = plot_hit_ratio(
         out,
@@ -62,10 +64,12 @@ def test_plot_writes_png_with_curves(tmp_path: Path) -> None:
 
 
 def test_plot_without_opt_or_ceiling_draws_only_the_policies(tmp_path: Path) -> None:
+    need_module("matplotlib", "cli")
     labels = plot_hit_ratio(tmp_path / "p.png", {"sieve": [(1, 0.1), (5, 0.2)]})
     assert labels == ["sieve"]
 
 
 def test_plot_unwritable_path_is_one_line_error(tmp_path: Path) -> None:
+    need_module("matplotlib", "cli")
     with pytest.raises(KvtierError, match="--plot: cannot write"):
         plot_hit_ratio(tmp_path / "missing-dir" / "p.png", {"lru": [(1, 0.1)]})

@@ -65,6 +65,7 @@ def _two_tier(tmp_path: Path, **fs: Any) -> Any:
     return load_config(raw)
 
 
+@pytest.mark.slow
 def test_real_mode_two_tiers_hits_in_both_and_verifies(tmp_path: Path) -> None:
     config = _two_tier(tmp_path)
     trace = _prepared(config, 800)
@@ -83,6 +84,7 @@ def test_real_mode_two_tiers_hits_in_both_and_verifies(tmp_path: Path) -> None:
     assert again.block_hits == rep.block_hits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write_policy", ["write_through", "after_hits"])
 def test_two_tier_simulate_matches_real_mode(tmp_path: Path, write_policy: str) -> None:
     """Simulate models the fs tier (capacity + policy): same hits and evictions per tier as real I/O."""
@@ -111,6 +113,7 @@ def test_two_tier_simulate_matches_real_mode(tmp_path: Path, write_policy: str) 
     assert real.verify_mismatches == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tier_verify", ["never", "always"])
 def test_bytes_corrupted_on_disk_are_caught(tmp_path: Path, tier_verify: str) -> None:
     """Flipped payload bytes on disk: with the tier's checksums off, replay's own check catches them;
@@ -158,6 +161,7 @@ def _scrape(url: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_prometheus_scraped_during_replay_matches_report(tmp_path: Path) -> None:
     config = _two_tier(tmp_path)
     trace = _prepared(config, 800)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from needs import need_module
 
 from kvtier.costmodel import CostModel
 from kvtier.engine import Engine
@@ -253,6 +254,7 @@ def test_engine_promotes_exactly_when_the_model_says_loading_is_faster(
         assert e.stats()["promotions_skipped_cost"] == (0 if expect is PENDING else n)
 
 
+@pytest.mark.slow
 def test_replay_real_and_simulate_agree_with_the_cost_gate(tmp_path: Path) -> None:
     """The gate sits in the engine, so simulate mode (modelled tiers, same names and media) takes the
     same decisions as real mode with a real fs tier: same hits per tier, same skips."""
@@ -304,7 +306,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_port_serves_the_engine_stats_until_close() -> None:
-    pytest.importorskip("prometheus_client")
+    need_module("prometheus_client", "cli")
     e = Engine(cfg(4, secondary_tiers=[{"type": "example"}], metrics_port=0))
     try:
         exp = e.metrics_exporter
@@ -347,7 +349,7 @@ def test_missing_prometheus_client_logs_one_warning_and_the_engine_runs(
 
 
 def test_a_taken_metrics_port_logs_a_warning_and_the_engine_runs(caplog: pytest.LogCaptureFixture) -> None:
-    pytest.importorskip("prometheus_client")
+    need_module("prometheus_client", "cli")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -6,23 +6,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import need_module
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy
-from kvtier.policies.evaluate import (
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import PrefixAwarePolicy
+from kvtier.policies.s3fifo import S3FIFOPolicy
+from kvtier.policies.sieve import SIEVEPolicy
+from kvtier.sim.evaluate import (
     flat_hits,
     lcs_flat_hit_ratio,
     lcs_prefix_replay,
     prefix_replay,
     write_oracle_general,
 )
-from kvtier.policies.lru import LRUPolicy
-from kvtier.policies.prefix import PrefixAwarePolicy
-from kvtier.policies.s3fifo import S3FIFOPolicy
-from kvtier.policies.sieve import SIEVEPolicy
 from kvtier.sim.trace import TraceRequest, flatten, read_trace
 
-pytest.importorskip("libcachesim")
+need_module("libcachesim", "dev")
 
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
 if not TRACE.is_file():  # the packaged copy E ships, when the shared folder is absent
@@ -88,6 +89,7 @@ def test_s3fifo_tiny_cache_documented_difference(
     assert abs(ours20 - lcs_flat_hit_ratio("S3FIFO", path, 20)) <= 1e-4
 
 
+@pytest.mark.slow
 def test_prefix_policy_beats_libcachesim_on_conversation_trace(tmp_path: Path) -> None:
     """Done-when: prefix-hit ratio above the best of six libCacheSim policies at 1 %, 5 %, 10 %.
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from needs import need_module
 
 from kvtier.engine import Engine
 from kvtier.errors import ConfigError, MisuseError
@@ -58,7 +59,7 @@ def test_none_backing_is_metadata_only() -> None:
 
 
 def test_torch_backing_is_a_cpu_tensor_without_gpu() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "torch")
     p = tier(2, backing="torch")
     t = p._buffer.tensor  # type: ignore[attr-defined]
     assert isinstance(t, torch.Tensor) and t.shape == (2, 8192) and t.dtype == torch.uint8
@@ -237,7 +238,7 @@ def test_default_shm_name_is_private_and_removed() -> None:
 @pytest.mark.parametrize("backing", ["heap", "torch"])
 def test_engine_round_trip_on_each_byte_backing(backing: str) -> None:
     if backing == "torch":
-        pytest.importorskip("torch")  # CPU tensor here: no GPU on this host
+        need_module("torch", "torch")  # CPU tensor here: no GPU on this host
     data = np.random.default_rng(7).integers(0, 256, (3, 5000), dtype=np.uint8)
     keys = [K(i) for i in range(3)]
     with Engine({"cpu_bytes_to_use": 4 * 8192, "block_bytes": 5000, "primary_backing": backing}) as e:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need_module
 
 from kvtier.engine import Engine
 from kvtier.errors import MisuseError
@@ -108,7 +109,7 @@ def test_numpy_layouts_roundtrip_through_example_tier(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["separate", "kv_first", "cross_layer"])
 def test_torch_layouts_roundtrip_bitwise(name: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "torch")
     shape = (NB, 4, 2, 8)
 
     def make() -> tuple[list[Any], Any]:

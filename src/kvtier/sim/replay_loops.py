@@ -21,7 +21,7 @@ from kvtier.sim.payload import PayloadFactory
 from kvtier.sim.report import ReplayReport, percentiles
 
 if TYPE_CHECKING:
-    from kvtier.sim.replay import PreparedTrace
+    from kvtier.sim.prepared import PreparedTrace
 
 __all__ = ["run_real", "run_simulate"]
 

@@ -1,6 +1,6 @@
-"""Factories that build plug-in instances from config through the registries of :mod:`kvtier.plugins`.
+"""Factories that build plug-in instances from config through the registries of :mod:`kvtier.plugins.kinds`.
 
-Re-exported by :mod:`kvtier.plugins` (import them from there). Constructor-argument mistakes become
+Re-exported by :mod:`kvtier.plugins`. Constructor-argument mistakes become
 :class:`~kvtier.errors.ConfigError` naming the config key (``secondary_tiers[1].root_dir``).
 """
 
@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.plugins.kinds import POLICIES, SPECS, TIERS
+from kvtier.plugins.registry import _target_of, trust_boundary
 
 if TYPE_CHECKING:
     from kvtier.config import KvtierConfig, PluginsConfig, TierConfig
@@ -27,10 +29,6 @@ T = TypeVar("T")
 _TIER_RESERVED = ("type", "module_path", "name")
 # Arguments the factory itself supplies to every tier constructor.
 _TIER_SUPPLIED = ("primary_kv_view", "context")
-
-
-def _target_of(obj: type[Any]) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
 
 
 def _check_kwargs(
@@ -160,8 +158,6 @@ def create_tier(
     from kvtier.tiers.base import TierContext
 
     tc = _as_tier_config(tier_config)
-    from kvtier.plugins import TIERS, trust_boundary
-
     cls = TIERS.resolve(tc.type, tc.module_path, plugins=plugins, key_path=tc.key_path)
     options = {k: v for k, v in tc.options.items() if k not in _TIER_RESERVED}
     what = f"tier {tc.type!r} ({_target_of(cls)})"
@@ -181,25 +177,46 @@ def create_tier(
         )
 
 
-def create_policy(config: KvtierConfig, capacity: int) -> CachePolicy:
-    """The eviction policy ``config`` names (``eviction_policy`` + ``cache_policy_module_path``),
-    built as ``Policy(capacity, **config.policy_options)``."""
-    from kvtier.plugins import POLICIES, trust_boundary
+def create_policy(
+    policy: str | KvtierConfig,
+    capacity: int,
+    options: Mapping[str, Any] | None = None,
+    *,
+    module_path: str | None = None,
+    plugins: PluginsConfig | None = None,
+    key_path: str = "",
+) -> CachePolicy:
+    """Build ``Policy(capacity, **options)``: the one way every part of kvtier makes a policy.
 
-    cls = POLICIES.resolve(config.eviction_policy, config.cache_policy_module_path, plugins=config.plugins)
-    what = f"policy {config.eviction_policy!r} ({_target_of(cls)})"
-    options = dict(config.policy_options)
-    if "capacity" in options:
-        raise ConfigError("policy_options.capacity", "is supplied by kvtier (from the tier's size)")
-    _check_kwargs(cls, options, (), "policy_options", what, positional=1)
-    with trust_boundary(config.plugins):
-        return _construct(lambda: cls(capacity, **options), "policy_options", what)
+    The engine passes its config (``eviction_policy``, ``cache_policy_module_path``,
+    ``policy_options`` and the ``plugins`` trust boundary are taken from it); a tier or the
+    simulator passes the policy name and options from its own config entry, with ``key_path``
+    naming that entry (``secondary_tiers[1]``) so errors point at the right keys. Options are
+    checked against the constructor's signature, so a typo is a one-line error wherever the
+    policy is configured.
+
+    Raises:
+        PluginError: the name cannot be resolved (see :meth:`Registry.resolve`).
+        ConfigError: an option the policy does not accept (``<key_path>.policy_options.<key>``), or
+            a value it rejected.
+    """
+    if not isinstance(policy, str):
+        config = policy
+        policy, module_path, plugins = config.eviction_policy, config.cache_policy_module_path, config.plugins
+        options = config.policy_options
+    cls = POLICIES.resolve(policy, module_path, plugins=plugins, key_path=key_path)
+    what = f"policy {policy!r} ({_target_of(cls)})"
+    options_key = f"{key_path}.policy_options" if key_path else "policy_options"
+    opts = dict(options or {})
+    if "capacity" in opts:
+        raise ConfigError(f"{options_key}.capacity", "is supplied by kvtier (from the tier's size)")
+    _check_kwargs(cls, opts, (), options_key, what, positional=1)
+    with trust_boundary(plugins):
+        return _construct(lambda: cls(capacity, **opts), options_key, what)
 
 
 def create_spec(config: KvtierConfig) -> OffloadingSpec:
     """The offloading spec ``config`` names (``spec_name`` + ``spec_module_path``): ``Spec(config)``."""
-    from kvtier.plugins import SPECS, trust_boundary
-
     cls = SPECS.resolve(config.spec_name, config.spec_module_path, plugins=config.plugins)
     what = f"spec {config.spec_name!r} ({_target_of(cls)})"
     with trust_boundary(config.plugins):

@@ -58,7 +58,7 @@ BROKEN = '''
 from hypothesis import Phase, settings
 
 from kvtier.testing import PolicyContractTests
-from test_foundation_policy_contract import FifoPolicy
+from test_policy_suite import FifoPolicy
 
 
 class GreedyPolicy(FifoPolicy):

@@ -29,6 +29,7 @@ def test_wheel_contains_the_conformance_suites_and_entry_points(tmp_path: Path) 
         entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     for module in ("__init__", "tier_contract", "policy_contract", "primary"):
         assert f"kvtier/testing/{module}.py" in names
-    assert "kvtier/py.typed" in names and "kvtier/plugins.py" in names and "kvtier/cli/check.py" in names
+    assert "kvtier/py.typed" in names and "kvtier/cli/check.py" in names
+    assert "kvtier/plugins/__init__.py" in names
     assert "[kvtier.tiers]" in entry_points and "example = kvtier.tiers.example:ExampleTier" in entry_points
     assert "[console_scripts]" in entry_points and "kvtier = kvtier.cli.main:main" in entry_points

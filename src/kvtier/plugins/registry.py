@@ -1,26 +1,9 @@
-"""One generic plug-in registry for secondary tiers, eviction policies and offloading specs.
+"""The generic plug-in registry: name -> class resolution, the ``module_path`` trust boundary, notices.
 
-Every kind is served by the same :class:`Registry` (never a copy per kind). A name resolves in this
-order:
-
-1. the built-in table (lazy ``"module:Class"`` strings: nothing is imported until a name is used) and
-   names added at run time with :func:`register_tier` / :func:`register_policy` /
-   :func:`register_spec`;
-2. installed entry points of the kind's group (``kvtier.tiers``, ``kvtier.policies``,
-   ``kvtier.specs``);
-3. a ``module_path`` from config: the module is imported and the attribute named by the plug-in's
-   name (``type``, ``eviction_policy``, ``spec_name``) is taken. ``"pkg.module:Class"`` is accepted
-   as well, in ``module_path`` or in the name itself.
-
-``module_path`` runs code named by a config file, so it is a trust boundary: the ``plugins`` section
-of the config (``allow_module_path``, ``allowed_modules``) is checked on the *string* before anything
-is imported (``importlib.util.find_spec`` would already import parent packages, so it is not used).
-
-Loading anything that is not a built-in logs one fixed-text WARNING per process and kind (the
-plug-in API is experimental) and one INFO line per load naming the plug-in and its module.
-
-Factories: :func:`create_tier`, :func:`create_policy`, :func:`create_spec` build instances and turn
-constructor-argument mistakes into :class:`~kvtier.errors.ConfigError` naming the config key.
+One :class:`Registry` serves every plug-in kind (tiers, policies, specs: see :mod:`kvtier.plugins.kinds`);
+the resolution order and the trust rules are described in :mod:`kvtier.plugins`. This module imports
+no contract module: a registry names its base class and its built-ins as ``"module:Class"`` strings and
+imports them only when a name is used, so the registry sits below every kind it serves.
 """
 
 from __future__ import annotations
@@ -33,7 +16,7 @@ import importlib.metadata
 import keyword
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -47,9 +30,6 @@ from kvtier.errors import (
 
 if TYPE_CHECKING:
     from kvtier.config import PluginsConfig
-    from kvtier.policies.base import CachePolicy
-    from kvtier.specs.base import OffloadingSpec
-    from kvtier.tiers.base import SecondaryTier
 
 __all__ = [
     "BUILTIN",
@@ -59,19 +39,7 @@ __all__ = [
     "REGISTERED",
     "PluginInfo",
     "Registry",
-    "create_policy",
-    "create_spec",
-    "create_tier",
-    "get_registry",
-    "list_plugins",
-    "register_policy",
-    "register_spec",
-    "register_tier",
     "reset_notices",
-    "restore_state",
-    "snapshot_state",
-    "tier_contexts",
-    "tier_name",
     "trust_boundary",
 ]
 
@@ -179,7 +147,7 @@ class Registry(Generic[T]):
 
     Args:
         kind: ``"tier"``, ``"policy"`` or ``"spec"`` (used in messages and logs).
-        base: the class every plug-in of this kind must subclass.
+        base: ``"module:Class"`` of the class every plug-in of this kind must subclass.
         group: the entry-point group.
         builtins: name -> ``"module:Class"``; imported only when the name is used.
         name_key / module_key: config keys that name a plug-in of this kind (for messages).
@@ -188,7 +156,7 @@ class Registry(Generic[T]):
     def __init__(
         self,
         kind: str,
-        base: Callable[[], type[T]],
+        base: str,
         group: str,
         builtins: Mapping[str, str],
         *,
@@ -196,9 +164,11 @@ class Registry(Generic[T]):
         module_key: str,
     ) -> None:
         self.kind = kind
-        # The base class is looked up lazily so importing this module imports no contract module
-        # (tiers/base.py pulls numpy; a policy-only user should not pay for it).
-        self._base_factory = base
+        # The base class is imported lazily, by name, so this module imports no contract module:
+        # tiers/base.py pulls numpy (a policy-only user should not pay for it), and the contracts
+        # may use the factories without an import cycle.
+        self._base_target = base
+        self._base: type[T] | None = None
         self.group = group
         self.name_key = name_key
         self.module_key = module_key
@@ -209,7 +179,11 @@ class Registry(Generic[T]):
 
     @property
     def base(self) -> type[T]:
-        return self._base_factory()
+        if self._base is None:
+            module, attr = _split_target(self._base_target)
+            self._base = getattr(importlib.import_module(module), attr or "")
+        assert self._base is not None
+        return self._base
 
     # -- registration ------------------------------------------------------------------------
     def register(self, name: str, cls: type[T], *, replace: bool = False) -> type[T]:
@@ -460,114 +434,3 @@ class Registry(Generic[T]):
 
 def _describe(obj: object) -> str:
     return _target_of(obj) if isinstance(obj, type) else repr(obj)
-
-
-def _tier_base() -> type[SecondaryTier]:
-    from kvtier.tiers.base import SecondaryTier
-
-    return SecondaryTier
-
-
-def _policy_base() -> type[CachePolicy]:
-    from kvtier.policies.base import CachePolicy
-
-    return CachePolicy
-
-
-def _spec_base() -> type[OffloadingSpec]:
-    from kvtier.specs.base import OffloadingSpec
-
-    return OffloadingSpec
-
-
-# Built-ins, mirrored in pyproject.toml's entry-point groups (a test keeps the two in step).
-_BUILTIN_TIERS = {
-    "example": "kvtier.tiers.example:ExampleTier",
-    "fs": "kvtier.tiers.fs:FsTier",
-}
-_BUILTIN_POLICIES = {
-    "lru": "kvtier.policies.lru:LRUPolicy",
-    "arc": "kvtier.policies.arc:ARCPolicy",
-    "s3fifo": "kvtier.policies.s3fifo:S3FIFOPolicy",
-    "sieve": "kvtier.policies.sieve:SIEVEPolicy",
-    "prefix": "kvtier.policies.prefix:PrefixAwarePolicy",
-}
-_BUILTIN_SPECS = {
-    "tiering": "kvtier.specs.tiering:TieringSpec",
-    # vLLM users write spec_name "TieringOffloadingSpec"; accept it unchanged.
-    "TieringOffloadingSpec": "kvtier.specs.tiering:TieringSpec",
-}
-
-TIERS: Registry[SecondaryTier] = Registry(
-    "tier", _tier_base, "kvtier.tiers", _BUILTIN_TIERS, name_key="type", module_key="module_path"
-)
-POLICIES: Registry[CachePolicy] = Registry(
-    "policy",
-    _policy_base,
-    "kvtier.policies",
-    _BUILTIN_POLICIES,
-    name_key="eviction_policy",
-    module_key="cache_policy_module_path",
-)
-SPECS: Registry[OffloadingSpec] = Registry(
-    "spec", _spec_base, "kvtier.specs", _BUILTIN_SPECS, name_key="spec_name", module_key="spec_module_path"
-)
-_REGISTRIES: dict[str, Registry[Any]] = {"tier": TIERS, "policy": POLICIES, "spec": SPECS}
-
-
-def get_registry(kind: str) -> Registry[Any]:
-    """The registry of ``kind`` (``"tier"``, ``"policy"`` or ``"spec"``)."""
-    try:
-        return _REGISTRIES[kind]
-    except KeyError:
-        raise ValueError(f"unknown plug-in kind {kind!r}; expected one of {', '.join(_REGISTRIES)}") from None
-
-
-def register_tier(name: str, cls: type[SecondaryTier], *, replace: bool = False) -> type[SecondaryTier]:
-    """Make a :class:`~kvtier.tiers.base.SecondaryTier` subclass available as ``type: name``."""
-    return TIERS.register(name, cls, replace=replace)
-
-
-def register_policy(name: str, cls: type[CachePolicy], *, replace: bool = False) -> type[CachePolicy]:
-    """Make a :class:`~kvtier.policies.base.CachePolicy` subclass available as ``eviction_policy: name``."""
-    return POLICIES.register(name, cls, replace=replace)
-
-
-def register_spec(name: str, cls: type[OffloadingSpec], *, replace: bool = False) -> type[OffloadingSpec]:
-    """Make an :class:`~kvtier.specs.base.OffloadingSpec` subclass available as ``spec_name: name``."""
-    return SPECS.register(name, cls, replace=replace)
-
-
-def list_plugins(kind: str | None = None) -> list[PluginInfo]:
-    """Every known plug-in (all kinds, or one), with its source and import target. Imports nothing."""
-    kinds = [kind] if kind is not None else list(_REGISTRIES)
-    return [info for k in kinds for info in get_registry(k).infos()]
-
-
-def snapshot_state() -> object:
-    """Opaque copy of every registry (and the notice flags), for :func:`restore_state` in tests."""
-    with _notice_lock:
-        noticed = set(_noticed_kinds)
-    return {k: r._snapshot() for k, r in _REGISTRIES.items()}, noticed
-
-
-def restore_state(state: object) -> None:
-    """Put the registries back as :func:`snapshot_state` saw them."""
-    regs: dict[str, Any]
-    noticed: set[str]
-    regs, noticed = state  # type: ignore[misc]
-    for k, r in _REGISTRIES.items():
-        r._restore(regs[k])
-    with _notice_lock:
-        _noticed_kinds.clear()
-        _noticed_kinds.update(noticed)
-
-
-# The factories live in their own module to keep this one small; they are part of this API.
-from kvtier.plugin_factories import (  # noqa: E402
-    create_policy,
-    create_spec,
-    create_tier,
-    tier_contexts,
-    tier_name,
-)
