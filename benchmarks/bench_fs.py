@@ -184,7 +184,7 @@ def bench_scan(root: str, files: int) -> dict[str, float]:
     """Warm-restart index rebuild rate of the tier next to a raw scandir+stat walk of the same tree."""
     from kvtier import codec
     from kvtier.tiers.base import TierContext
-    from kvtier.tiers.fs_layout import HEADER_ALIGN
+    from kvtier.tiers.fs.layout import HEADER_ALIGN
 
     block = 4096
     rows = np.zeros((4, block), dtype=np.uint8)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.tiers import fs_accounting
-from kvtier.tiers.fs_accounting import SharedAccounting
+from kvtier.tiers.fs import accounting as fs_accounting
+from kvtier.tiers.fs.accounting import SharedAccounting
 
 
 def _pair(tmp_path: Path) -> tuple[SharedAccounting, SharedAccounting]:

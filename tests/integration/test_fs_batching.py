@@ -21,7 +21,7 @@ JOBS = 24
 def _queue_single_block_jobs(tier, primary, keys: list[BlockKey]) -> list[int]:  # type: ignore[no-untyped-def]
     """Submit one store job per key while the only worker is held, so they all queue up."""
     gate = threading.Event()
-    tier._pool.submit(Priority.STORE, gate.wait)  # occupies the single worker
+    tier.run_on_worker(Priority.STORE, gate.wait)  # occupies the single worker
     ids = []
     for slot, k in enumerate(keys):
         primary.block(slot)[:] = h.payload_of(k, BLOCK)

@@ -139,7 +139,7 @@ def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Pa
         for d in [*ns.glob("??"), *ns.glob("??/?")][::97]:
             assert d.stat().st_mode & 0o777 == 0o700, d
         k = h.key_of("after-precreate")
-        assert os.path.dirname(t.layout.path_of(k)) in t._dirs_made  # no mkdir on the store path
+        assert os.path.dirname(t.layout.path_of(k)) in t.shard_dirs.made  # no mkdir on the store path
         assert h.store(t, primary, [k]).success
     finally:
         t.shutdown()

@@ -53,13 +53,13 @@ def test_sigkill_mid_batch_never_serves_wrong_bytes_and_keeps_exact_accounting(t
         # Evidence the kill landed inside a batch: the dead writer still holds a reservation, an
         # intent, or a temp file.
         raw = observer.usage(recover=False)
-        dead = [p for t, p in raw.procs.items() if t != observer._acct.token]
+        dead = [p for t, p in raw.procs.items() if t != observer.accounting.token]
         if any(p["reserved"] or p["intent"] for p in dead) or os.listdir(os.path.join(ns_dir, "tmp")):
             killed_mid_batch += 1
         # While the observer stays alive: the dead writer's half-done section is undone, its
         # reservation dropped and its temp files removed; totals equal the bytes in the tree.
         st = observer.usage()
-        assert set(st.procs) == {observer._acct.token}
+        assert set(st.procs) == {observer.accounting.token}
         assert st.reserved == 0
         blocks = h.block_files(ns_dir)
         assert st.published == sum(blocks.values()), f"round {rnd}"

@@ -10,7 +10,7 @@ import fs_helpers as h  # tests/integration is on pytest's pythonpath
 
 from kvtier import codec
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.tiers.fs_layout import HEADER_ALIGN, Layout
+from kvtier.tiers.fs.layout import HEADER_ALIGN, Layout
 
 BLOCK = 4096
 FILES = 20_000

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.tiers.fs_layout import Layout
+from kvtier.tiers.fs.layout import Layout
 
 BLOCK = 8192
 KEYS = [h.key_of(f"s{i}") for i in range(12)]

@@ -242,9 +242,9 @@ def test_every_job_is_reported_exactly_once_with_its_partial_success(
             tier.submit_load(job)
             loads.append(job)
         got = _collect(tier, len(loads))
-        per = chunk_size(4, batch_blocks=batch, threads=threads)
         for job in loads:
             keys = list(job.keys)
+            per = chunk_size(len(keys), batch_blocks=batch, threads=threads)
             expect = _expected(keys, per, tier.fail, tier.explode) & set(tier.blocks)
             res = got[job.job_id]
             assert set(res.transferred(keys)) == expect

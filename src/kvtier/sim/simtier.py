@@ -2,42 +2,41 @@
 
 A simulate-mode engine has no buffer, so it cannot build real tiers (they move bytes). For capacity
 planning the question a tier answers is only *which blocks does it hold*: a :class:`SimTier` answers
-it with the tier's own eviction policy class (resolved through the plug-in registry, as the ``fs``
-tier does) over the same capacity, and completes every job at once. The engine — promotions, write
-policies, admission, pins — runs unchanged on top of it.
+it and completes every job at once. The engine — promotions, write policies, admission, pins — runs
+unchanged on top of it.
 
-Capacity model (from the tier's config entry):
-    * ``fs``: ``max_bytes // (header + block_bytes)`` block files, the header being the ``codec``
-      header of a 16-byte key aligned to 4 KiB (what ``FsTier`` writes); the policy is the entry's
-      ``eviction_policy`` (default ``lru``) with ``policy_options``, sized as ``FsTier`` sizes it.
-    * any other type with ``max_bytes``: ``max_bytes // block_bytes`` blocks, same policy keys.
-    * no ``max_bytes``: unbounded.
-Like ``FsTier``: a store of a block already held refreshes it (touch), a load refreshes the loaded
-blocks, lookups do not; a store job is written in chunks (``FsTier``'s ``batch_blocks`` and
-``threads`` options give their size), space for a chunk is made by evicting blocks that are not part
-of the job still being written, and what still does not fit is dropped (the leading blocks of a chunk
-win). What the model leaves out is timing: real tiers finish jobs later, and the fs tier's worker
-threads may run a job's chunks in another order (with ``threads: 1`` they run in order, as here).
+The simulator knows no tier by name. Each tier class describes itself through the
+:meth:`SecondaryTier.simulation <kvtier.tiers.base.SecondaryTier.simulation>` hook, which returns a
+:class:`~kvtier.tiers.base.SimulationProfile`: capacity in blocks, the eviction policy (built with
+:func:`kvtier.plugins.create_policy`, sized as the tier sizes it), the chunking of store jobs, the
+medium. The default reads ``max_bytes``/``eviction_policy``/``policy_options``; ``FsTier`` counts
+its per-file header and makes room once per store job, as its group-commit reservation does. A new
+tier is simulated by overriding the hook, never by editing this module.
+
+Like the real tiers: a store of a block already held refreshes it (touch), a load refreshes the
+loaded blocks, lookups do not; a store job is written in chunks, space for a chunk is made by
+evicting blocks that are not part of the job still being written, and what still does not fit is
+dropped (the leading blocks of a chunk win). What the model leaves out is timing: real tiers finish
+jobs later, and the fs tier's worker threads may run a job's chunks in another order (with
+``threads: 1`` they run in order, as here).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from kvtier.config import KvtierConfig, TierConfig, parse_size
+from kvtier.config import KvtierConfig, PluginsConfig
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
-from kvtier.tiers.base import SecondaryTier, TierContext, TierStats
+from kvtier.tiers.base import PolicyFactory, SecondaryTier, TierContext, TierStats, whole_job
 
 __all__ = ["SimTier", "sim_tiers"]
 
-_FS_HEADER_ALIGN = 4096
-_KEY_BYTES = 16
 _UNBOUNDED = 1 << 40
 
 
@@ -73,7 +72,7 @@ class SimTier(SecondaryTier):
         self.context = TierContext(name, max(block_bytes, 1))
         self.stats = TierStats()
         self._policy = policy
-        self._chunk = chunk_blocks or (lambda n: max(n, 1))
+        self._chunk = chunk_blocks or whole_job
         self._max = max_blocks if max_blocks is not None else _UNBOUNDED
         self.medium = medium  # type: ignore[misc]  # per instance: mirrors the modelled tier
         self._done: list[JobResult] = []
@@ -148,55 +147,44 @@ class SimTier(SecondaryTier):
         return info
 
 
-def _capacity(tc: TierConfig, block_bytes: int) -> tuple[int | None, int]:
-    """(files that fit or None, the policy capacity the real tier would use)."""
-    raw = tc.options.get("max_bytes")
-    if raw is None:
-        return None, _UNBOUNDED
-    max_bytes = parse_size(raw, f"{tc.key_path}.max_bytes")
-    per_block = block_bytes
-    if tc.type == "fs":
-        from kvtier import codec
-
-        per_block = codec.header_size(_KEY_BYTES, _FS_HEADER_ALIGN) + block_bytes
-    return max(max_bytes // per_block, 1), max_bytes // max(block_bytes, 1) + 1
-
-
 def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
     """Factories (``Engine(tiers=...)`` builds each on its view) of one :class:`SimTier` per
-    ``config.secondary_tiers`` entry, named as the engine names the real tiers."""
-    from kvtier.plugins import POLICIES, TIERS, tier_contexts
+    ``config.secondary_tiers`` entry, named as the engine names the real tiers, each modelled by
+    its tier class's :meth:`~kvtier.tiers.base.SecondaryTier.simulation` profile."""
+    from kvtier.plugins import TIERS, tier_contexts
 
+    factory = _policy_factory(config.plugins)
     contexts = tier_contexts(config)
     out: list[Callable[[memoryview], SimTier]] = []
     for tc, ctx in zip(config.secondary_tiers, contexts, strict=True):
         cls = TIERS.resolve(tc.type, tc.module_path, plugins=config.plugins, key_path=tc.key_path)
-        max_blocks, policy_cap = _capacity(tc, config.block_bytes)
-        pname = str(tc.options.get("eviction_policy", "lru"))
-        popts = dict(tc.options.get("policy_options") or {})
-        policy = POLICIES.resolve(pname, plugins=config.plugins)(policy_cap, **popts)
-        chunk = None
-        if tc.type == "fs":
-            # FsTier._chunks: jobs split over its threads, at most batch_blocks per chunk.
-            batch = int(tc.options.get("batch_blocks", 8))
-            threads = int(tc.options.get("threads", 4))
-            chunk = functools.partial(_fs_chunk, batch=batch, threads=threads)
+        profile = cls.simulation(
+            tc.options, block_bytes=config.block_bytes, policy_factory=factory, key_path=tc.key_path
+        )
         out.append(
             functools.partial(
                 _make,
                 name=ctx.name,
                 block_bytes=config.block_bytes,
-                policy=policy,
-                max_blocks=max_blocks,
-                medium=str(getattr(cls, "medium", "STORAGE")),
-                chunk_blocks=chunk,
+                policy=profile.policy,
+                max_blocks=profile.capacity_blocks,
+                medium=profile.medium,
+                chunk_blocks=profile.chunk_blocks,
             )
         )
     return out
 
 
-def _fs_chunk(n: int, *, batch: int, threads: int) -> int:
-    return max(1, min(batch, -(-n // max(threads, 1))))
+def _policy_factory(plugins: PluginsConfig) -> PolicyFactory:
+    """:func:`kvtier.plugins.create_policy` inside the config's plug-in trust boundary."""
+    from kvtier.plugins import create_policy
+
+    def make(
+        policy: str, capacity: int, options: Mapping[str, Any] | None = None, *, key_path: str = ""
+    ) -> CachePolicy:
+        return create_policy(policy, capacity, options, plugins=plugins, key_path=key_path)
+
+    return make
 
 
 def _make(view: memoryview, **kw: Any) -> SimTier:

@@ -14,18 +14,36 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from kvtier.config import parse_size
 from kvtier.errors import MisuseError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.policies.base import CachePolicy
 
-__all__ = ["SecondaryTier", "TierContext", "TierStats"]
+__all__ = [
+    "PolicyFactory",
+    "SecondaryTier",
+    "SimulationProfile",
+    "TierContext",
+    "TierStats",
+    "policy_capacity",
+]
+
+#: Policy capacity of a tier without a bound.
+UNBOUNDED_BLOCKS = 1 << 40
+
+
+def policy_capacity(max_bytes: int | None, block_bytes: int) -> int:
+    """Blocks a byte-bounded tier's policy must have room for: one per ``block_bytes`` of
+    ``max_bytes``, plus one (the bytes themselves are enforced by the tier)."""
+    return max_bytes // max(block_bytes, 1) + 1 if max_bytes else UNBOUNDED_BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +81,42 @@ class TierStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class PolicyFactory(Protocol):
+    """Builds an eviction policy by name: ``factory(name, capacity, options, key_path=...)``.
+
+    The simulator passes :func:`kvtier.plugins.create_policy` bound to the config's ``plugins``
+    trust boundary, so a simulated tier validates and builds its policy exactly as the real one.
+    """
+
+    def __call__(
+        self, policy: str, capacity: int, options: Mapping[str, Any] | None = None, *, key_path: str = ""
+    ) -> CachePolicy: ...
+
+
+def whole_job(n: int) -> int:
+    """Chunking of a tier that makes room for a store job all at once."""
+    return max(n, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationProfile:
+    """How ``kvtier replay --simulate`` models a tier: *which* blocks it holds, never how fast.
+
+    Attributes:
+        capacity_blocks: blocks the tier holds at most (``None`` = unbounded).
+        policy: an empty eviction policy, built and sized as the tier builds its own; it orders
+            the held blocks (stores and loads refresh them) and picks victims.
+        chunk_blocks: ``n -> blocks per chunk`` of a store job of ``n`` new blocks; room is made
+            chunk by chunk and what does not fit is dropped (leading blocks of a chunk win).
+        medium: the tier's medium (reported, and used by the cost model).
+    """
+
+    capacity_blocks: int | None
+    policy: CachePolicy
+    chunk_blocks: Callable[[int], int]
+    medium: str
 
 
 class SecondaryTier(ABC):
@@ -111,6 +165,40 @@ class SecondaryTier(ABC):
         self.rows: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
         self.context = context
         self.stats = TierStats()
+
+    # -- simulation (no instance: the simulator never builds a real tier) ----------------------
+    @classmethod
+    def simulation(
+        cls,
+        options: Mapping[str, Any],
+        *,
+        block_bytes: int,
+        policy_factory: PolicyFactory,
+        key_path: str = "",
+    ) -> SimulationProfile:
+        """Describe how this tier is simulated, from its config entry's ``options``.
+
+        ``options`` are the entry's keys besides ``type``/``module_path``/``name`` (what the
+        constructor would get); ``block_bytes`` is the payload per block; build the policy with
+        ``policy_factory`` (so the simulator's plug-in trust boundary applies) and name bad keys
+        under ``key_path`` (``secondary_tiers[1]``). Pure: no I/O, no threads.
+
+        The default reads ``max_bytes`` (``max_bytes // block_bytes`` blocks; unbounded when
+        absent), ``eviction_policy`` (default ``lru``) with ``policy_options``, sized
+        ``max_bytes // block_bytes + 1``, and makes room for a store job all at once. A tier whose
+        capacity or chunking differs (per-block overhead, its own options) overrides this, so a new
+        tier is simulated without editing :mod:`kvtier.sim`.
+        """
+        raw = options.get("max_bytes")
+        max_bytes = None if raw is None else parse_size(raw, _key(key_path, "max_bytes"))
+        capacity = None if max_bytes is None else max(max_bytes // max(block_bytes, 1), 1)
+        policy = policy_factory(
+            str(options.get("eviction_policy", "lru")),
+            policy_capacity(max_bytes, block_bytes),
+            options.get("policy_options") or {},
+            key_path=key_path,
+        )
+        return SimulationProfile(capacity, policy, whole_job, cls.medium)
 
     # -- helpers for implementations ---------------------------------------------------------
     @property
@@ -185,3 +273,7 @@ class SecondaryTier(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _key(key_path: str, key: str) -> str:
+    return f"{key_path}.{key}" if key_path else key

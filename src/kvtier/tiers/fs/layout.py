@@ -3,7 +3,7 @@
 ::
 
     root_dir/<namespace>/config.json        layout record, checked on start
-    root_dir/<namespace>/accounting.json    shared byte accounting (see fs_accounting)
+    root_dir/<namespace>/accounting.json    shared byte accounting (see accounting.py)
     root_dir/<namespace>/procs/<token>      liveness marker of each process (flocked while alive)
     root_dir/<namespace>/tmp/<token>.<n>    temp files being written (renamed into the tree)
     root_dir/<namespace>/<aa>/<b>/<name>    block files; aa/b = top 12 bits of xxh3-64(key)
@@ -28,7 +28,7 @@ import xxhash
 from kvtier import codec
 from kvtier.errors import ConfigError
 
-__all__ = ["Layout", "ScanShard", "probe_direct_io"]
+__all__ = ["Layout", "ScanShard", "ShardDirs", "block_file_size", "probe_direct_io"]
 
 FORMAT_NAME = "kvtier-fs"
 LAYOUT_VERSION = 1
@@ -36,6 +36,11 @@ HEADER_ALIGN = 4096
 MAX_HEX_KEY = 100
 _HEX = frozenset("0123456789abcdef")
 _MID_NAMES = frozenset("0123456789abcdef")
+
+
+def block_file_size(key_len: int, block_bytes: int) -> int:
+    """Size of a complete block file: the 4 KiB-aligned codec header of the key, then the payload."""
+    return codec.header_size(key_len, HEADER_ALIGN) + block_bytes
 
 
 @dataclass(slots=True)
@@ -84,7 +89,7 @@ class Layout:
 
     def file_size(self, key_len: int) -> int:
         """Size of a complete block file for a key of ``key_len`` bytes."""
-        return codec.header_size(key_len, HEADER_ALIGN) + self.block_bytes
+        return block_file_size(key_len, self.block_bytes)
 
     # -- config.json ---------------------------------------------------------------------------
     def expected_config(self) -> dict[str, object]:
@@ -221,6 +226,41 @@ class Layout:
             return codec.parse_header(head, ns_tag=self.ns_tag, payload_len=self.block_bytes).key
         except (OSError, codec.CorruptBlockError):
             return None
+
+
+class ShardDirs:
+    """The shard directories this process knows exist; each level is created 0700 on first need.
+
+    Shared by the store path (a block's directories, made by the worker that wrote the block) and
+    the background pre-creation; a set add is atomic, and a lost race is one harmless failed mkdir.
+    """
+
+    def __init__(self, ns_dir: str) -> None:
+        self.ns_dir = ns_dir
+        #: Leaf directories known to exist.
+        self.made: set[str] = set()
+
+    def ensure_for(self, path: str) -> None:
+        """Create the two shard levels above block file ``path`` (``os.makedirs`` would set the mode
+        of the leaf only)."""
+        d = path.rpartition("/")[0]  # os.path.dirname, minus its per-call overhead
+        if d not in self.made:
+            for level in (os.path.dirname(d), d):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(level, 0o700)
+            self.made.add(d)
+
+    def precreate_top(self, top: int) -> None:
+        """Create top-level shard ``top`` and its 16 leaves (existing ones cost one failed mkdir)."""
+        top_dir = os.path.join(self.ns_dir, f"{top:02x}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(top_dir, 0o700)
+        for mid in "0123456789abcdef":
+            leaf = os.path.join(top_dir, mid)
+            if leaf not in self.made:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(leaf, 0o700)
+                self.made.add(leaf)
 
 
 def _is_hex(s: str) -> bool:

@@ -13,7 +13,7 @@ import os
 import threading
 
 from kvtier import codec
-from kvtier.tiers.fs_layout import HEADER_ALIGN
+from kvtier.tiers.fs.layout import HEADER_ALIGN
 
 __all__ = ["fsync_dir", "read_block", "write_block"]
 

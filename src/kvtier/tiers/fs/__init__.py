@@ -1,0 +1,14 @@
+"""The ``fs`` tier: KV blocks as checksummed files in a shared, bounded directory.
+
+``kvtier.tiers.fs:FsTier`` is the entry-point target of the ``fs`` tier type. The package holds
+one module per concept: :mod:`~kvtier.tiers.fs.tier` (the tier: options, lookups, wiring),
+:mod:`~kvtier.tiers.fs.store_path` and :mod:`~kvtier.tiers.fs.load_path` (the two I/O paths),
+:mod:`~kvtier.tiers.fs.index` (the in-memory index), :mod:`~kvtier.tiers.fs.scan` (keeping it equal
+to the tree), :mod:`~kvtier.tiers.fs.accounting` (bytes shared across processes),
+:mod:`~kvtier.tiers.fs.layout` (names, directories, the scan walk), :mod:`~kvtier.tiers.fs.io` (the
+per-block syscalls) and :mod:`~kvtier.tiers.fs.policy` (the eviction policy's size and builder).
+"""
+
+from kvtier.tiers.fs.tier import FsTier
+
+__all__ = ["FsTier"]

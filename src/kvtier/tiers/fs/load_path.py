@@ -1,0 +1,113 @@
+"""The fs tier's load path: read block files straight into primary slots, verified.
+
+Each block is one ``preadv`` into its slot (:func:`~kvtier.tiers.fs.io.read_block`); the header is
+always checked and the checksum too unless ``verify="never"``. A missing file (another process
+evicted it) is forgotten; a corrupt one is counted in ``stats.corrupt``, removed and forgotten: both
+are misses, never wrong bytes. Loaded blocks are refreshed in the policy and, at most once a
+minute, in their file's mtime, so a restart keeps the access order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier import codec
+from kvtier.keys import BlockKey
+from kvtier.tiers.async_tier import ChunkOutcome
+from kvtier.tiers.fs.io import read_block
+from kvtier.tiers.fs.parts import FsParts
+
+__all__ = ["LoadPath"]
+
+_ACCESS_GRANULARITY = 60.0  # seconds between two mtime refreshes of one block on load
+
+
+class LoadPath:
+    """Reads of the fs tier (worker threads). ``index.lock`` guards the index and ``stats``.
+
+    Args:
+        parts: the tier's shared parts (name, layout, accounting, index, stats, log).
+        rows: the primary buffer as rows; block_bytes: payload bytes per block.
+        verify: check every payload checksum (else the header only).
+        record_access: refresh a loaded file's mtime (at most once a minute per block).
+    """
+
+    def __init__(
+        self,
+        parts: FsParts,
+        *,
+        rows: npt.NDArray[np.uint8],
+        block_bytes: int,
+        verify: bool,
+        record_access: bool,
+    ) -> None:
+        self.rows = rows
+        self.block_bytes = block_bytes
+        self.verify = verify
+        self.record_access = record_access
+        self.parts = parts
+        self._lock = parts.index.lock
+
+    def read_chunk(self, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        """Fill each slot with its key's payload; keys that fail are left out of ``done``."""
+        ok: list[BlockKey] = []
+        error: str | None = None
+        try:
+            for key, slot in items:
+                err = self._load_one(key, slot)
+                if err is None:
+                    ok.append(key)
+                else:
+                    error = error or err
+        finally:
+            with self._lock:
+                self.parts.index.touch_locked(ok, time.time())
+        return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
+
+    def _load_one(self, key: BlockKey, slot: int) -> str | None:
+        """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
+        path = self.parts.layout.path_of(key)
+        try:
+            slot_bytes = self.rows[slot, : self.block_bytes].data
+            read_block(path, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify)
+        except FileNotFoundError:
+            self._drop_stale(key)
+            return "missing"
+        except codec.CorruptBlockError as exc:
+            self._drop_corrupt(key, path, exc.reason)
+            return f"corrupt: {exc.reason}"
+        except OSError as exc:
+            self.parts.rlog.warning("read", f"kvtier fs {self.parts.name}: read failed for {path}: {exc}")
+            return f"read error: {exc.strerror or exc}"
+        # The access order survives a restart through mtime. Refreshing it costs an inode write,
+        # so it is done at most once a minute per block (restart order is that coarse anyway).
+        if self.record_access and time.time() - self.parts.index.access.get(key, 0.0) > _ACCESS_GRANULARITY:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        return None
+
+    def _drop_stale(self, key: BlockKey) -> None:
+        # Another process evicted it (or someone deleted it): forget it; nothing to account.
+        with self._lock:
+            if key in self.parts.index.sizes:
+                self.parts.index.forget_locked(key)
+
+    def _drop_corrupt(self, key: BlockKey, path: str, reason: str) -> None:
+        self.parts.rlog.warning(
+            "corrupt", f"kvtier fs {self.parts.name}: removed corrupt block {path} ({reason})"
+        )
+        with self._lock:
+            self.parts.stats.corrupt += 1
+            if key in self.parts.index.sizes:
+                self.parts.index.forget_locked(key)
+        try:
+            with self.parts.accounting.section() as st:
+                self.parts.accounting.unlink_files(st, [path])
+                self.parts.accounting.log_events(st, [(b"-", bytes(key))])
+        except OSError as exc:
+            self.parts.rlog.warning("acct", f"kvtier fs {self.parts.name}: cannot remove {path}: {exc}")

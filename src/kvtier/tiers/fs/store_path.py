@@ -1,0 +1,398 @@
+"""The fs tier's store path: reservation, eviction, temp files, publication.
+
+:class:`~kvtier.tiers.async_tier.AsyncTier` splits a store job into chunks on the worker pool. The
+first chunk to run reserves room for the job in the shared accounting (evicting victims chosen by
+the policy, in the same critical section); every chunk writes its blocks to temp files (and creates
+their shard directories); after the last chunk the job is published (renames, journaled, in one
+critical section) and reported.
+
+Both trips through the cross-process lock are *group commits* across jobs: the task that reserves
+also reserves for every other store job already submitted and not yet granted (they are queued
+behind it and will write soon), and the task that publishes also publishes every other job whose
+writes finished meanwhile. A stream of small jobs (one block each, say) therefore pays a few
+critical sections per burst instead of two per job; the guarantees are those of one section
+(docs/fs.md): bytes are reserved before any temp file is written, and a publication's renames are
+journaled before they happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.keys import BlockKey
+from kvtier.tiers.async_tier import ChunkOutcome, JobState
+from kvtier.tiers.backpressure import StoreGate
+from kvtier.tiers.fs.accounting import AccountingState
+from kvtier.tiers.fs.io import fsync_dir, write_block
+from kvtier.tiers.fs.layout import HEADER_ALIGN, ShardDirs
+from kvtier.tiers.fs.parts import FsParts
+
+__all__ = ["StorePath", "StoreProgress"]
+
+#: The error of a store dropped while the disk is full.
+DISK_FULL = "disk full: store dropped (back-pressure)"
+
+Written = tuple[BlockKey, str, str, int]  # key, temp path, final path, file size
+
+
+@dataclass
+class StoreProgress:
+    """The fs part of one store job (``JobState.extra``): its reservation and its temp files.
+
+    The job reserves once (first chunk) and publishes once (after the last chunk), so a job costs
+    at most two trips through the shared lock (shared with other jobs: group commits).
+    """
+
+    granted: set[BlockKey] | None = None
+    written: list[Written] = field(default_factory=list)
+    #: Granted keys whose reservation is settled: written (published later) or given back.
+    settled: set[BlockKey] = field(default_factory=set)
+
+
+class StorePath:
+    """Reservation, eviction, temp files and publication of the fs tier's stores (see module doc).
+
+    Args:
+        parts: the tier's shared parts (name, layout, accounting, index, stats, log).
+        dirs: the shard directories known to exist.
+        gate: the tier's store gate (paused on ``ENOSPC`` for ``full_backoff`` seconds).
+        rows: the primary buffer as rows; block_bytes: payload bytes per block.
+        max_bytes: the byte limit (``None`` = unbounded).
+        direct_io: ``O_DIRECT`` writes when a slot is aligned. fsync: sync files and directories.
+        write_file: writes one temp file ``(tmp, key, slot)``; raises ``OSError`` (the tier passes
+            its own method, the seam fault-injection tests override).
+        on_published: records a job's published keys and reports it (tier lock held).
+    """
+
+    def __init__(
+        self,
+        parts: FsParts,
+        *,
+        dirs: ShardDirs,
+        gate: StoreGate,
+        rows: npt.NDArray[np.uint8],
+        block_bytes: int,
+        max_bytes: int | None,
+        direct_io: bool,
+        fsync: bool,
+        full_backoff: float,
+        write_file: Callable[[str, BlockKey, int], None] | None,
+        on_published: Callable[[JobState, ChunkOutcome], None],
+    ) -> None:
+        self.dirs = dirs
+        self.gate = gate
+        self.rows = rows
+        self.block_bytes = block_bytes
+        self.max_bytes = max_bytes
+        self.direct_io = direct_io
+        self.fsync = fsync
+        self.full_backoff = full_backoff
+        self._write = write_file or self.write_file
+        self._on_published = on_published
+        self.parts = parts
+        self._lock = parts.index.lock
+        self._seq = itertools.count()
+        self._grant_q: list[JobState] = []  # submitted store jobs without a reservation, in order
+        self._grant_lock = threading.Lock()  # one reserving thread at a time
+        self._pub_q: list[JobState] = []  # store jobs whose writes are done, waiting to be published
+        self._pub_lock = threading.Lock()  # one publishing thread at a time
+
+    # -- submission (engine thread, tier lock held) ----------------------------------------------
+    def admit_locked(self, state: JobState) -> None:
+        """Keep only the blocks to write; queue the job for a (group) reservation."""
+        index = self.parts.index
+        policy = index.policy
+        items: list[tuple[BlockKey, int]] = []
+        for key, slot in state.items:
+            if key in index.sizes or key in index.storing:
+                state.ok.add(key)  # already held (or on its way): counts as stored
+                if key in policy:
+                    policy.touch(key)  # offered again = in use: not the next victim
+                continue
+            index.storing.add(key)
+            items.append((key, slot))
+        state.items = items
+        state.extra = StoreProgress()
+        if items:
+            self._grant_q.append(state)  # reserved with the jobs ahead of it when possible
+
+    # -- one chunk (worker thread) -----------------------------------------------------------------
+    def write_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        """Reserve (first chunk of the job), then write each granted block to a temp file."""
+        progress: StoreProgress = state.extra
+        written: list[Written] = []
+        error: str | None = None
+        try:
+            granted = self._job_grant(state)
+            for key, slot in items:
+                if key not in granted:
+                    continue
+                size = self.parts.layout.file_size(len(key))
+                tmp = f"{self.parts.accounting.tmp_dir}/{self.parts.accounting.token}.{next(self._seq)}"
+                final = self.parts.layout.path_of(key)
+                try:
+                    self._write(tmp, key, slot)
+                    written.append((key, tmp, final, size))
+                except OSError as exc:
+                    error = self._store_failed(exc, tmp, size)
+                    continue
+                finally:
+                    progress.settled.add(key)
+                try:
+                    self.dirs.ensure_for(final)
+                except OSError as exc:  # publish retries it and fails the block cleanly
+                    error = self._section_failed(exc)
+        except OSError as exc:  # accounting file trouble: fail the chunk, never raise
+            error = self._section_failed(exc)
+        finally:
+            with self._lock:
+                progress.written.extend(written)
+        return ChunkOutcome(error=error)  # keys count as stored once published
+
+    def write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
+        """Write ``key``'s block file from primary slot ``slot`` to ``tmp`` (raises ``OSError``)."""
+        payload = self.rows[slot, : self.block_bytes]
+        direct = (
+            self.direct_io
+            and payload.ctypes.data % HEADER_ALIGN == 0
+            and self.block_bytes % HEADER_ALIGN == 0
+        )
+        write_block(tmp, key, payload.data, self.parts.layout.ns_tag, direct=direct, fsync=self.fsync)
+
+    # -- after the last chunk (worker thread) ---------------------------------------------------
+    def finish(self, state: JobState) -> None:
+        """Publish the job's written blocks (with any other job ready meanwhile), then report."""
+        self._settle_abandoned(state)
+        with self._lock:
+            self._pub_q.append(state)
+        with self._pub_lock:
+            with self._lock:
+                batch, self._pub_q = self._pub_q, []
+            if batch:  # empty: a thread that held the lock before us published ours too
+                self._publish_jobs(batch)
+
+    def _settle_abandoned(self, state: JobState) -> None:
+        """A chunk that raised (a bug, not an I/O error) skipped its blocks: take the job out of
+        the reservation queue, or give back what was reserved for blocks never written."""
+        progress: StoreProgress = state.extra
+        granted = progress.granted  # set once by the first chunk, never changed afterwards
+        if granted is None:
+            with self._grant_lock:  # no reservation is being made meanwhile
+                with self._lock:
+                    if progress.granted is None:
+                        progress.granted = set()
+                        if state in self._grant_q:
+                            self._grant_q.remove(state)
+                        return
+                granted = progress.granted
+        left = granted - progress.settled  # empty unless a chunk raised
+        if left:
+            with contextlib.suppress(OSError):
+                self.parts.accounting.release(sum(self.parts.layout.file_size(len(k)) for k in left))
+
+    # -- eviction (inside a section) -----------------------------------------------------------
+    def make_room(self, st: AccountingState, deficit: int) -> int:
+        """Evict our own unprotected blocks to free ``deficit`` bytes (inside a section).
+
+        Returns the bytes freed. Dead processes' reservations are reclaimed first (cheap, exact).
+        """
+        acct = self.parts.accounting
+        before = st.usage
+        if acct.others_hold_bytes(st):  # else a dead process has nothing to give back
+            acct.recover_dead(st)
+        freed = before - st.usage
+        if freed >= deficit:
+            return freed
+        unit = self.parts.layout.file_size(32)
+        index = self.parts.index
+        with self._lock:
+            policy = index.policy
+            protected = index.protected_locked()
+            avail = len(policy) - sum(1 for k in protected if k in policy)
+            n = min(-(-(deficit - freed) // unit), avail)
+            victims = policy.evict(n, protected) if n > 0 else []
+            paths = [self.parts.layout.path_of(v) for v in victims]
+            for v in victims:
+                index.forget_locked(v)
+            self.parts.stats.evictions += len(victims)
+        removed = acct.unlink_files(st, paths)
+        acct.log_events(st, [(b"-", bytes(v)) for v in victims])
+        return freed + sum(s for _, s in removed)
+
+    # -- reservation -----------------------------------------------------------------------------
+    def _job_grant(self, state: JobState) -> set[BlockKey]:
+        """Reserve room for the job (once); the same section also reserves for the jobs queued
+        behind it, as long as they fit without evicting anything.
+
+        The job itself may evict (exactly as before); a queued job that would need victims is left
+        to reserve in its own section when its first chunk runs, after the jobs ahead of it have
+        published. So which blocks are evicted and which stores are dropped is the same as with one
+        section per job (the replay's simulate mode models that), only the lock trips are shared.
+        """
+        progress: StoreProgress = state.extra
+        granted = progress.granted
+        if granted is not None:  # set once, never changed afterwards
+            return granted
+        with self._grant_lock:
+            if progress.granted is None:
+                with self._lock:
+                    queued = [j for j in self._grant_q if j.extra.granted is None and j is not state]
+                    self._grant_q.clear()
+                rest = queued
+                try:
+                    rest = self._reserve_jobs(state, queued)
+                except OSError as exc:  # accounting file trouble: this job fails, the others retry
+                    error = self._section_failed(exc)
+                    with self._lock:
+                        state.error = state.error or error
+                finally:
+                    if progress.granted is None:  # whatever went wrong, nothing was granted
+                        progress.granted = set()
+                    if rest:
+                        with self._lock:
+                            self._grant_q[:0] = rest  # still first in line, in submission order
+            assert progress.granted is not None
+            return progress.granted
+
+    def _reserve_jobs(self, state: JobState, queued: list[JobState]) -> list[JobState]:
+        """One section: reserve ``state``'s leading blocks that fit (evicting victims), then every
+        queued job in order while it fits whole without eviction. Returns the jobs left ungranted."""
+        file_size = self.parts.layout.file_size
+        sizes = [file_size(len(k)) for k, _ in state.items]
+        with self.parts.accounting.section() as st:
+            me = self.parts.accounting.me(st)
+            n = len(sizes)
+            free = None
+            if self.max_bytes is not None:
+                free = self.max_bytes - st.usage
+                if free < sum(sizes):
+                    free += self.make_room(st, sum(sizes) - free)
+                while n and sum(sizes[:n]) > free:
+                    n -= 1
+                free -= sum(sizes[:n])
+            total = sum(sizes[:n])
+            more: list[JobState] = []
+            for j in queued:
+                need = sum(file_size(len(k)) for k, _ in j.items)
+                if free is not None:
+                    if need > free:
+                        break
+                    free -= need
+                total += need
+                more.append(j)
+            me["reserved"] = int(me["reserved"]) + total
+        state.extra.granted = {k for k, _ in state.items[:n]}
+        for j in more:
+            j.extra.granted = {k for k, _ in j.items}
+        if n < len(state.items):
+            with self._lock:
+                state.error = state.error or "capacity: no evictable block (stores dropped)"
+                self.parts.stats.dropped_stores += len(state.items) - n
+        return queued[len(more) :]
+
+    # -- publication -----------------------------------------------------------------------------
+    def _publish_jobs(self, batch: list[JobState]) -> None:
+        written = [w for j in batch for w in j.extra.written]
+        ok: set[BlockKey] = set()
+        error: str | None = None
+        try:
+            if written:
+                try:
+                    ok = set(self._publish(written))
+                except OSError:
+                    self._unpublished(written)
+                    raise
+        except OSError as exc:
+            error = self._section_failed(exc)
+        finally:
+            with self._lock:
+                for state in batch:
+                    mine_written = state.extra.written
+                    mine = [k for k, _, _, _ in mine_written if k in ok]
+                    for key, _ in state.items:
+                        self.parts.index.storing.discard(key)
+                    err = error if mine_written else None  # only jobs that wrote saw the failure
+                    self._on_published(state, ChunkOutcome(mine, self.block_bytes * len(mine), err))
+
+    def _publish(self, written: list[Written]) -> list[BlockKey]:
+        for _, _, final, _ in written:
+            self.dirs.ensure_for(final)  # normally done already; cheap set lookup then
+        ok: list[BlockKey] = []
+        now = time.time()
+        acct = self.parts.accounting
+        with acct.section() as st:
+            flags = acct.publish(st, [(tmp, final, size) for _, tmp, final, size in written])
+            with self._lock:
+                for (key, _, _, size), good in zip(written, flags, strict=True):
+                    if not good:
+                        continue
+                    ok.append(key)
+                    self.parts.index.tombstones.discard(key)
+                    if key in self.parts.index.sizes:
+                        continue
+                    self._insert_locked(st, key, size, now)
+            acct.log_events(st, [(b"+", bytes(k)) for k in ok])
+        if self.fsync:
+            for d in {os.path.dirname(f) for _, _, f, _ in written}:
+                fsync_dir(d)
+        return ok
+
+    def _insert_locked(self, st: AccountingState, key: BlockKey, size: int, when: float) -> None:
+        """Index a block now in the tree (tier lock + accounting section held)."""
+        index = self.parts.index
+        policy = index.policy
+        if len(policy) >= policy.capacity:
+            for v in policy.evict(1, index.protected_locked()):
+                index.sizes.pop(v, None)
+                index.access.pop(v, None)
+                self.parts.accounting.unlink_files(st, [self.parts.layout.path_of(v)])
+                self.parts.accounting.log_events(st, [(b"-", bytes(v))])
+                self.parts.stats.evictions += 1  # tier lock held by the caller
+        index.add_locked(key, size, when)
+
+    # -- failures --------------------------------------------------------------------------------
+    def _section_failed(self, exc: OSError) -> str:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.gate.pause(self.full_backoff, DISK_FULL)
+        error = f"{type(exc).__name__}: {exc}"
+        self.parts.rlog.warning("acct", f"kvtier fs {self.parts.name}: store failed: {error}")
+        return error
+
+    def _unpublished(self, written: list[Written]) -> None:
+        """Publishing failed before the renames (mkdir or accounting I/O): drop the temp files and
+        give their reservations back, so nothing leaks until the process dies."""
+        back = 0
+        for _, tmp, _, size in written:
+            if os.path.exists(tmp):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                back += size
+        with contextlib.suppress(OSError):
+            self.parts.accounting.release(back)
+
+    def _store_failed(self, exc: OSError, tmp: str, size: int) -> str:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            self.parts.accounting.release(size)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.gate.pause(self.full_backoff, DISK_FULL)
+            self.parts.rlog.warning(
+                "enospc",
+                f"kvtier fs {self.parts.name}: disk full under {self.parts.layout.ns_dir}; dropping stores",
+            )
+        else:
+            self.parts.rlog.warning(
+                "write", f"kvtier fs {self.parts.name}: write failed under {self.parts.layout.ns_dir}: {exc}"
+            )
+        return f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"

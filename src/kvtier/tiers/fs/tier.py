@@ -1,0 +1,324 @@
+"""The ``fs`` tier: a bounded, checksummed, crash-safe, shareable directory of KV blocks.
+
+What it guarantees (docs/fs.md has the full story):
+    * **Never a wrong byte.** Every file is a :mod:`kvtier.codec` blob: header (key, namespace tag,
+      lengths, xxh3-64) + payload. Loads check the length and the header always and the checksum
+      unless ``verify="never"``; a bad file is a miss, counted in ``stats.corrupt`` and removed.
+    * **Crash-safe writes.** Temp file in ``<ns>/tmp`` then ``rename`` into the tree; ``fsync=True``
+      also syncs the file and its directory. A process killed at any point leaves no partial block.
+    * **Bounded.** ``max_bytes`` is enforced through a flock-guarded accounting file shared by every
+      process using the same ``root_dir`` (:mod:`kvtier.tiers.fs.accounting`): space is reserved
+      before a temp file is written, so the tree never exceeds ``max_bytes``; victims come from a
+      :class:`~kvtier.policies.base.CachePolicy` (``eviction_policy``, LRU by default).
+    * **Warm restart.** A background thread rebuilds the index from the tree (names, sizes, mtimes);
+      until it has passed a key's shard, a lookup that is not already known answers ``RETRY``.
+    * **Never raises into the engine.** I/O errors are failed jobs, counted and logged (rate-limited);
+      ``ENOSPC`` switches on back-pressure: stores are dropped and counted for ``full_backoff`` s.
+
+Lookups are answered from the in-memory index (a dict membership test: no syscall).
+
+:class:`FsTier` is an :class:`~kvtier.tiers.async_tier.AsyncTier` (which owns job chunking,
+exactly-once reports, shutdown checks and back-pressure) composed of collaborators, each given what
+it uses in its constructor: :class:`~kvtier.tiers.fs.index.FsIndex` (the in-memory index),
+:class:`~kvtier.tiers.fs.store_path.StorePath` (reservation, temp files, group publication),
+:class:`~kvtier.tiers.fs.load_path.LoadPath` (verified reads),
+:class:`~kvtier.tiers.fs.scan.TreeScanner` (keeping the index equal to the tree),
+:class:`~kvtier.tiers.fs.accounting.SharedAccounting` (the cross-process byte accounting) and
+:class:`~kvtier.tiers.fs.layout.Layout` (names and directories); the per-block syscalls live in
+:mod:`kvtier.tiers.fs.io`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from kvtier.config import parse_size
+from kvtier.errors import ConfigError
+from kvtier.keys import BlockKey, LookupResult
+from kvtier.policies.base import CachePolicy
+from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
+from kvtier.tiers.base import PolicyFactory, SimulationProfile, TierContext
+from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
+from kvtier.tiers.fs.index import FsIndex
+from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
+from kvtier.tiers.fs.load_path import LoadPath
+from kvtier.tiers.fs.parts import FsParts
+from kvtier.tiers.fs.policy import build_policy, policy_capacity
+from kvtier.tiers.fs.scan import TreeScanner
+from kvtier.tiers.fs.store_path import StorePath
+
+__all__ = ["FsTier"]
+
+log = logging.getLogger("kvtier.tiers.fs")
+_VERIFY = ("always", "never")
+_DIRECT = ("auto", "always", "never")
+#: Key length the simulation assumes for a block file's header (kvtier's 128-bit block hashes).
+SIM_KEY_BYTES = 16
+
+
+class FsTier(AsyncTier):
+    """KV blocks as files under ``root_dir/<namespace>/``.
+
+    Options (config keys of the ``secondary_tiers`` entry):
+        root_dir: directory shared by every process and namespace (required).
+        max_bytes: capacity, an integer or a size such as ``"200GiB"``; ``None`` = unbounded.
+        eviction_policy: registered policy name (``lru``, ``arc``, ...) that picks victims.
+        policy_options: keyword options for that policy.
+        verify: ``"always"`` (check every payload checksum on load) or ``"never"`` (header only).
+        fsync: ``True`` syncs each file and its directory before a store is reported done.
+        direct_io: ``"auto"`` (``O_DIRECT`` writes when the filesystem supports them and the slot
+            is aligned), ``"always"`` (error if unsupported) or ``"never"``.
+        threads: I/O worker threads. batch_blocks: blocks per worker task.
+        full_backoff: seconds stores are dropped after ``ENOSPC``.
+        record_access: refresh a file's mtime when it is loaded, at most once a minute (restart
+            keeps the access order).
+        log_interval: seconds between two log lines of the same kind.
+        refresh_interval: seconds between two checks for other processes' stores and evictions.
+        precreate_dirs: create all shard directories in the background after the start-up scan
+            (a young tree then pays no mkdir on the store path).
+    """
+
+    medium: ClassVar[str] = "STORAGE"
+    tolerates_off_thread_polling: ClassVar[bool] = True
+    persistent: ClassVar[bool] = True
+    shared: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        context: TierContext,
+        root_dir: str | os.PathLike[str] | None = None,
+        max_bytes: int | str | None = None,
+        eviction_policy: str = "lru",
+        policy_options: dict[str, Any] | None = None,
+        verify: str = "always",
+        fsync: bool = False,
+        direct_io: str | bool = "auto",
+        threads: int = 4,
+        batch_blocks: int = 4,
+        full_backoff: float = 1.0,
+        record_access: bool = True,
+        log_interval: float = 10.0,
+        refresh_interval: float = 0.5,
+        precreate_dirs: bool = True,
+    ) -> None:
+        super().__init__(
+            primary_kv_view=primary_kv_view, context=context, threads=threads,
+            batch_blocks=batch_blocks, log_interval=log_interval, logger=log,
+        )  # fmt: skip
+        if root_dir is None:
+            raise ConfigError("root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
+        if verify not in _VERIFY:
+            raise ConfigError("verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
+        if isinstance(direct_io, bool):
+            direct_io = "always" if direct_io else "never"
+        if direct_io not in _DIRECT:
+            raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
+        self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
+        self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
+        if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
+            raise ConfigError(
+                "max_bytes",
+                f"{self.max_bytes} bytes hold no block file of {self.layout.file_size(32)} bytes; raise it",
+            )
+        self._policy_name = eviction_policy
+        self._policy_options = dict(policy_options or {})
+        policy = self._new_policy(policy_capacity(self.max_bytes, self.layout.block_bytes))
+        self.layout.ensure("root_dir")
+        self.verify = verify == "always"
+        self.fsync = bool(fsync)
+        self.full_backoff = float(full_backoff)
+        self.record_access = bool(record_access)
+        self.refresh_interval = float(refresh_interval)
+        token = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.accounting = SharedAccounting(self.layout.ns_dir, token, fsync=self.fsync)
+        probed = direct_io != "never" and probe_direct_io(self.accounting.tmp_dir)
+        if direct_io == "always" and not probed:
+            self.accounting.close()
+            raise ConfigError(
+                "direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
+            )
+        self.direct_io = probed
+        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
+        # exist hold nothing, so lookups there are authoritative MISSes at once.
+        present = self.layout.present_tops()
+        # A tree with every top-level shard was pre-created before (leaves appear on demand).
+        self.precreate_dirs = bool(precreate_dirs) and len(present) < 256
+        self.index = FsIndex(self._lock, policy, present)
+        self.shard_dirs = ShardDirs(self.layout.ns_dir)
+        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog)
+        self._store = StorePath(
+            parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
+            block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
+            fsync=self.fsync, full_backoff=self.full_backoff, write_file=self._write_file,
+            on_published=self._published_locked,
+        )  # fmt: skip
+        self._load = LoadPath(
+            parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
+            record_access=self.record_access,
+        )  # fmt: skip
+        self._scanner = TreeScanner(
+            parts, dirs=self.shard_dirs, max_bytes=self.max_bytes, new_policy=self._new_policy,
+            make_room=self._store.make_room, refresh_interval=self.refresh_interval,
+            precreate_dirs=self.precreate_dirs,
+        )  # fmt: skip
+        self.accounting.on_events = self._scanner.apply_events
+        self.accounting.on_epoch_change = self._scanner.on_epoch_change
+        self._scanner.start()
+
+    # -- simulation -------------------------------------------------------------------------
+    @classmethod
+    def simulation(
+        cls,
+        options: Mapping[str, Any],
+        *,
+        block_bytes: int,
+        policy_factory: PolicyFactory,
+        key_path: str = "",
+    ) -> SimulationProfile:
+        """The fs tier as the simulator sees it: ``max_bytes`` holds ``max_bytes // file_size``
+        block files (header of a 16-byte key aligned to 4 KiB, then the payload); the policy is
+        sized and built as :meth:`__init__` builds it. Room is made once per store job: the first
+        chunk of a job reserves for the whole job (the group-commit reservation of
+        :class:`~kvtier.tiers.fs.store_path.StorePath`), so ``threads`` and ``batch_blocks`` split
+        the writes but never change which blocks are kept or dropped."""
+        profile = super().simulation(
+            options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
+        )
+        raw = options.get("max_bytes")
+        if raw is None:
+            return profile
+        max_bytes = parse_size(raw, f"{key_path}.max_bytes" if key_path else "max_bytes")
+        per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
+        return dataclasses.replace(profile, capacity_blocks=max(max_bytes // per_file, 1))
+
+    # -- lookups (engine thread; dict membership only) ---------------------------------------
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        self.stats.lookups += 1
+        answer = self.index.answer(key)
+        if answer is LookupResult.HIT:
+            self.stats.hits += 1
+        return answer
+
+    def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
+        index = self.index
+        if not index.scan_done:
+            return [self.lookup(k) for k in keys]
+        sizes, hit, miss = index.sizes, LookupResult.HIT, LookupResult.MISS
+        out = [hit if k in sizes else miss for k in keys]  # ~60 ns a key, no syscall
+        self.stats.lookups += len(keys)
+        self.stats.hits += out.count(hit)
+        return out
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        now = time.time()
+        with self._lock:
+            self.index.touch_locked(keys, now)
+
+    # -- AsyncTier hooks ---------------------------------------------------------------------
+    def _before_store(self, state: JobState) -> None:
+        self._store.admit_locked(state)
+
+    def _store_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        return self._store.write_chunk(state, items)
+
+    def _before_load(self, state: JobState) -> None:
+        self.index.begin_loads_locked(state.job.keys)
+
+    def _load_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        return self._load.read_chunk(items)
+
+    def _complete(self, state: JobState) -> None:
+        if state.load:
+            with self._lock:
+                self.index.end_loads_locked(state.job.keys)
+                self._report_locked(state)
+        else:
+            self._store.finish(state)  # publishes (with other ready jobs), then reports
+
+    def _published_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
+        self._record_locked(state, outcome)
+        self._report_locked(state)
+
+    def _write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
+        """Write one temp block file (the seam fault-injection tests override)."""
+        self._store.write_file(tmp, key, slot)
+
+    def _new_policy(self, capacity: int) -> CachePolicy:
+        return build_policy(self._policy_name, capacity, self._policy_options)
+
+    def _close_resources(self) -> None:
+        self._scanner.join(timeout=30)
+        self.accounting.close()
+
+    def shutdown(self) -> None:
+        self._scanner.request_stop()  # the scan stops between shards while the workers drain
+        super().shutdown()
+
+    # -- warm restart and sharing ----------------------------------------------------------------
+    @property
+    def scan_done(self) -> bool:
+        return self.index.scan_done
+
+    @property
+    def tree_ready(self) -> threading.Event:
+        """Set once the start-up scan and the shard-directory pre-creation are done."""
+        return self._scanner.tree_ready
+
+    @property
+    def scan_files(self) -> int:
+        return self._scanner.scan_files
+
+    @property
+    def scan_seconds(self) -> float:
+        return self._scanner.scan_seconds
+
+    def wait_scan(self, timeout: float | None = None) -> bool:
+        """Block until the start-up scan finished (tests, tools)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while not self.index.scan_done and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return self.index.scan_done
+
+    def refresh(self) -> None:
+        """Apply other processes' stores and evictions now (normally done every refresh_interval)."""
+        with self.accounting.section():
+            pass
+
+    # -- introspection -----------------------------------------------------------------------
+    def usage(self, recover: bool = True) -> AccountingState:
+        """The shared accounting (published + reserved bytes of every process); takes the lock.
+
+        With ``recover`` (default) the sections of dead processes are cleaned up first.
+        """
+        return self.accounting.snapshot(recover)
+
+    def indexed_keys(self) -> set[BlockKey]:
+        with self._lock:
+            return set(self.index.sizes)
+
+    def get_stats(self) -> dict[str, int]:
+        with self._lock:  # workers resize the index concurrently
+            d = self.stats.as_dict()
+            d["index_blocks"] = len(self.index.sizes)
+            d["index_bytes"] = sum(self.index.sizes.values())
+        d["acct_sections"] = self.accounting.sections
+        d["scan_done"] = int(self.index.scan_done)
+        d["scan_files"] = self.scan_files
+        return d
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info.update(
+            root_dir=self.layout.root_dir, ns_dir=self.layout.ns_dir, max_bytes=self.max_bytes,
+            eviction_policy=self._policy_name, verify="always" if self.verify else "never",
+            fsync=self.fsync, direct_io=self.direct_io, threads=self.threads,
+        )  # fmt: skip
+        return info
