@@ -34,9 +34,10 @@ batch_blocks=..., logger=...)`` first, then implement:
     and may start a check with ``self.run_on_worker(Priority.LOAD, fn)``; it never waits for it.
 ``_store_chunk(state, items) -> ChunkOutcome`` -- **worker thread, may block** (bounded: every
     network call has a timeout, so ``drain``/``shutdown`` end). ``items`` are ``(key, slot)``;
-    read the payload with ``self.slot_array(slot)`` (zero-copy; the slot is pinned until the job is
-    reported, so do not keep a reference past the return of the *last* chunk). Return the keys
-    written (``done``), their payload bytes (``nbytes``) and a short ``error`` for what failed.
+    read the payload with ``self.slot_array(slot)`` (zero-copy; the slot stays pinned only until
+    the job is reported, so copy whatever must outlive your chunk). Return the keys written
+    (``done``), their payload bytes (``nbytes``), a short ``error`` for what failed, and the keys
+    found already held (``held``: they count as stored).
 ``_load_chunk(state, items) -> ChunkOutcome`` -- **worker thread, may block**: fill exactly
     ``block_bytes`` of ``self.slot_array(slot)`` per key, verify what the medium can corrupt, and
     leave missing/corrupt keys out of ``done``. Never write a slot you then leave out of ``done``
@@ -49,7 +50,10 @@ fs tier's group publish; it must end in :meth:`~AsyncTier._report` /
 :meth:`~AsyncTier._report_locked`), :meth:`~AsyncTier._close_resources` (connections, threads,
 files), and the capability class attributes (``medium``, ``persistent``, ``shared``,
 ``tolerates_off_thread_polling``: the base's own bookkeeping is thread-safe, so set it when your
-``lookup`` is too).
+``lookup`` is too). A tier whose "I/O" is a memory copy sets ``runs_inline`` (each job runs as one
+chunk inside ``submit_*``; see :mod:`kvtier.tiers.example`). A tier whose capacity is not
+``max_bytes // block_bytes`` overrides the :meth:`~kvtier.tiers.base.SecondaryTier.simulation`
+classmethod, so ``kvtier replay --simulate`` models it.
 
 Reporting failures: *never raise* out of a chunk on purpose -- return an outcome with ``error`` (a
 raised exception also fails the chunk, but it is logged as unexpected). Log with

@@ -33,7 +33,9 @@ __all__ = [
     "SimulationProfile",
     "TierContext",
     "TierStats",
+    "UNBOUNDED_BLOCKS",
     "policy_capacity",
+    "whole_job",
 ]
 
 #: Policy capacity of a tier without a bound.
