@@ -11,4 +11,8 @@ per-block syscalls) and :mod:`~kvtier.tiers.fs.policy` (the eviction policy's si
 
 from kvtier.tiers.fs.tier import FsTier
 
+# The public home of the class is this package (the ``fs`` tier's registry and entry-point target,
+# ``kvtier.tiers.fs:FsTier``); reprs, pickles and ``kvtier plugins`` name it so.
+FsTier.__module__ = __name__
+
 __all__ = ["FsTier"]
