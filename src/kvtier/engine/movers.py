@@ -8,8 +8,8 @@ WRITING or pinned, so nobody else touches them), then ``complete_*``.
 
 :class:`KVMover` is given the primary tier, the engine's counters and lock, the job-id source, the
 tenant scoping and four callables of the slot protocol (``prepare_store``, ``complete_store``,
-``pin_leading``, ``complete_load``); it never holds the engine. The engine exposes its methods
-under the same names and signatures.
+``pin_leading``, ``complete_load``) instead of the engine, so it sees nothing of the engine but
+that protocol. The engine exposes its methods under the same names and signatures.
 """
 
 from __future__ import annotations
