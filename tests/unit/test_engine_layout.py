@@ -4,6 +4,7 @@ definition of slot states and lookup codes, one write-policy object per tier."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
@@ -11,10 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier import primary
+from kvtier.config import load_config
 from kvtier.engine import Engine, LookupReport
 from kvtier.engine.facade import Engine as FacadeEngine
 from kvtier.engine.writes import AfterHits, WriteBack, WriteThrough, write_policies
-from kvtier.errors import MisuseError
+from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupCode, LookupResult
 from kvtier.primary import SlotState
 
@@ -116,9 +118,13 @@ def test_one_write_policy_object_per_tier(name: str, cls: type) -> None:
     assert [p.hits_to_copy for p in policies] == ([2] * 3 if cls is AfterHits else [0] * 3)
 
 
-def test_an_unknown_write_policy_names_the_choices() -> None:
-    with pytest.raises(MisuseError, match=r"write_policy 'sometimes'.*write_through"):
+def test_an_unknown_write_policy_names_the_key_and_the_choices() -> None:
+    with pytest.raises(ConfigError, match=r"write_policy: expected one of write_through.*'sometimes'"):
         write_policies("sometimes", 1)
+    # A config built by hand skips load_config's checks: the engine refuses it before building.
+    bad = dataclasses.replace(load_config({"primary_backing": "none"}), write_policy="sometimes")
+    with pytest.raises(ConfigError, match="write_policy"):
+        Engine(bad)
 
 
 def test_the_engine_builds_its_write_policies_from_the_config() -> None:

@@ -55,7 +55,7 @@ from kvtier.engine.movers import KVMover
 from kvtier.engine.residency import Residency
 from kvtier.engine.tenants import TenantScope
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
-from kvtier.engine.writes import TierWrites, write_policies
+from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
 from kvtier.errors import MisuseError
 from kvtier.keys import BlockInfo, BlockKey, LookupCode
 from kvtier.policies.base import CachePolicy
@@ -113,6 +113,7 @@ class Engine:
         tiers: Sequence[SecondaryTier | Callable[[memoryview], SecondaryTier]] | None = None,
     ) -> None:
         cfg = load_config(config)
+        write_policy_type(cfg.write_policy)  # a config built by hand is checked before anything is built
         self.config = cfg
         clock = clock or time.monotonic
         self.namespace = config_namespace(cfg)

@@ -22,11 +22,19 @@ from typing import Any, ClassVar
 
 from kvtier.engine.jobs import Emit, JobBook
 from kvtier.engine.residency import Residency
-from kvtier.errors import MisuseError
+from kvtier.errors import ConfigError, MisuseError
 from kvtier.keys import BlockKey
 from kvtier.primary import PrimaryTier
 
-__all__ = ["AfterHits", "TierWrites", "WriteBack", "WritePolicy", "WriteThrough", "write_policies"]
+__all__ = [
+    "AfterHits",
+    "TierWrites",
+    "WriteBack",
+    "WritePolicy",
+    "WriteThrough",
+    "write_policies",
+    "write_policy_type",
+]
 
 
 class WritePolicy:
@@ -85,11 +93,17 @@ class AfterHits(WritePolicy):
 _POLICIES: dict[str, type[WritePolicy]] = {c.name: c for c in (WriteThrough, WriteBack, AfterHits)}
 
 
-def write_policies(name: str, ntiers: int, after_hits: int = 1) -> list[WritePolicy]:
-    """One policy object per tier for the configured ``write_policy`` (``write_after_hits``)."""
+def write_policy_type(name: str) -> type[WritePolicy]:
+    """The policy class of a ``write_policy`` value; :class:`~kvtier.errors.ConfigError` if unknown."""
     cls = _POLICIES.get(name)
     if cls is None:
-        raise MisuseError(f"write_policy {name!r}: expected one of {', '.join(_POLICIES)}")
+        raise ConfigError("write_policy", f"expected one of {', '.join(_POLICIES)}, got {name!r}")
+    return cls
+
+
+def write_policies(name: str, ntiers: int, after_hits: int = 1) -> list[WritePolicy]:
+    """One policy object per tier for the configured ``write_policy`` (``write_after_hits``)."""
+    cls = write_policy_type(name)
     if cls is AfterHits:
         return [AfterHits(t, after_hits) for t in range(ntiers)]
     return [cls(t) for t in range(ntiers)]
