@@ -11,8 +11,9 @@ a new user message. Each turn is run twice, in alternating order:
 
 TTFT is the wall time until the first answer token's logits exist (both argmaxes must agree); both
 paths ask for the last position's logits only (``logits_to_keep=1``), as ``generate`` does. The
-model's greedy answer (``PrefixCache.generate``) then joins the conversation. Turn 0 is the cold turn
-(kvtier has nothing yet: it computes and stores); the speedup is the median over the warm turns.
+model's greedy answer (``PrefixCache.generate``) then joins the conversation. Turn 0 is the first
+turn (cold, unless ``--fs`` holds an earlier run's blocks: kvtier computes and stores); the speedup
+is the median over the later, warm turns.
 
     python examples/hf_prefix_reuse.py            # human-readable lines
     python examples/hf_prefix_reuse.py --json     # one JSON object; ratios.ttft = without / with
@@ -127,7 +128,7 @@ def print_report(r: dict[str, Any]) -> None:
         + (f"; fs tier {r['fs']}" if r["fs"] else "; RAM tier only")
     )
     for t in r["turns"]:
-        label = "turn 0 (cold)" if t["turn"] == 0 else f"turn {t['turn']}"
+        label = "turn 0 (first)" if t["turn"] == 0 else f"turn {t['turn']}"
         print(
             f"{label}: {t['prompt_tokens']} prompt tokens, TTFT without {t['ttft_without_s'] * 1e3:.1f} ms, "
             f"with {t['ttft_with_s'] * 1e3:.1f} ms ({t['reused_tokens']} tokens reused)"
