@@ -35,11 +35,17 @@ _need("transformers")
 
 import hf_helpers as h  # noqa: E402  (tests/integration is on pytest's pythonpath; needs torch)
 
-from kvtier import Engine, SecondaryTier, TierContext  # noqa: E402
-from kvtier.errors import MisuseError  # noqa: E402
+from kvtier import (  # noqa: E402
+    BlockKey,
+    Engine,
+    JobResult,
+    LookupResult,
+    MisuseError,
+    SecondaryTier,
+    TierContext,
+    TransferJob,
+)
 from kvtier.integrations.transformers import PrefixCache, block_bytes_for  # noqa: E402
-from kvtier.jobs import JobResult, TransferJob  # noqa: E402
-from kvtier.keys import BlockKey, LookupResult  # noqa: E402
 
 BS = h.BLOCK
 TOL = 1e-5

@@ -43,7 +43,8 @@ from kvtier.errors import MisuseError
 from kvtier.keys import BlockKey, KeyNamespace, make_namespace
 
 if TYPE_CHECKING:
-    from kvtier.engine import Engine, RequestContext
+    # The package root, not kvtier.engine: only kvtier.__all__ is stable while the internals move.
+    from kvtier import Engine, RequestContext
 
 __all__ = ["PrefixCache", "PrefixForward", "block_bytes_for"]
 
@@ -250,7 +251,7 @@ class PrefixCache:
 
         The engine is closed by :meth:`close`. ``options`` are the constructor's keyword arguments.
         """
-        from kvtier.engine import Engine
+        from kvtier import Engine
 
         raw = dict(config or {})
         raw.setdefault("block_bytes", block_bytes_for(model, block_size))
@@ -389,7 +390,7 @@ class PrefixCache:
         delay = 0.0002
         while True:
             report = self.engine.lookup(list(keys), self.request)
-            n = report.num_hits
+            n = int(report.num_hits)
             # Stop at the first MISS: later keys cannot be used without it (prefix chain).
             if n == len(keys) or report.codes[n] == 0 or time.monotonic() >= deadline:
                 return n
