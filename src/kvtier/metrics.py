@@ -138,8 +138,8 @@ def _inflight(stats: Mapping[str, Any]) -> dict[str, float]:
 def _require_prometheus() -> Any:
     try:
         import prometheus_client
-    except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("metrics need prometheus_client: pip install 'kvtier[cli]'") from exc
+    except ImportError as exc:  # pragma: no cover - installed with the metrics extra
+        raise KvtierError("metrics need prometheus_client: pip install 'kvtier[metrics]'") from exc
     return prometheus_client
 
 
