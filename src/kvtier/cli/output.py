@@ -82,7 +82,10 @@ def _rich(items: Sequence[TextTable | str], width: int | None, terminal: bool) -
         if isinstance(item, str):
             console.print(Text(item))
             continue
-        table = Table(title=Text(item.title), title_justify="left", show_header=item.show_header)
+        if item.title:
+            # Its own line, not the table's title: rich wraps a title to the table's width.
+            console.print(Text(item.title), overflow="ignore", crop=False)
+        table = Table(show_header=item.show_header)
         for col in item.columns:
             table.add_column(Text(col), justify="right" if col in item.right else "left", overflow="fold")
         for r in item.rows:
