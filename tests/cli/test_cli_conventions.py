@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from needs import need_module
 
-from kvtier.cli.output import TextTable, render
-from kvtier.sim.report import LATENCY_TITLE
-
 PY = sys.executable
+#: The latency table's title, as it must print (``[t]`` is text, not markup).
+LATENCY_TITLE = "latency per request (ms); load[t]: requests whose slowest hits came from t"
 # A child process where the optional extras cannot be imported (a core-only install).
 CORE_ONLY = (
     "import sys\n"
@@ -33,12 +32,12 @@ CORE_ONLY = (
 
 
 def kvtier(*args: str, cwd: Path | None = None, core_only: bool = False) -> subprocess.CompletedProcess[str]:
-    argv = [PY, "-c", CORE_ONLY, *args] if core_only else [PY, "-m", "kvtier", *args]
+    argv = [PY, "-c", CORE_ONLY, *args] if core_only else [PY, "-m", "kvtier.cli.main", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=cwd, check=False)
 
 
 def test_python_dash_m_kvtier() -> None:
-    proc = kvtier("--version")
+    proc = subprocess.run([PY, "-m", "kvtier", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("kvtier "), proc.stderr
 
 
@@ -93,7 +92,7 @@ def test_reader_gone_before_output_exits_0_silently(args: list[str]) -> None:
     # The read end is closed before the command writes anything: every write hits EPIPE, the
     # deterministic form of `kvtier ... | head -1` (which can also win the race and read it all).
     proc = subprocess.Popen(
-        [PY, "-m", "kvtier", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [PY, "-m", "kvtier.cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
@@ -104,7 +103,7 @@ def test_reader_gone_before_output_exits_0_silently(args: list[str]) -> None:
 
 
 def test_pipe_into_head_with_a_real_shell() -> None:
-    cmd = f"set -o pipefail; {PY} -m kvtier replay --simulate --limit 300 | head -1"
+    cmd = f"set -o pipefail; {PY} -m kvtier.cli.main replay --simulate --limit 300 | head -1"
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.startswith("kvtier replay")
@@ -152,6 +151,8 @@ def test_replay_on_listen_url_serves_during_the_replay() -> None:
 def test_table_titles_and_cells_are_never_markup(plain: bool) -> None:
     if not plain:
         need_module("rich", "cli")
+    from kvtier.cli.output import TextTable, render
+
     table = TextTable(LATENCY_TITLE, ["operation", "p50"])
     table.add_row("load[fs0]", "1.0")
     text = render([table, "note: [bold]x[/bold]"], plain=plain)
