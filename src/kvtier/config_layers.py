@@ -156,8 +156,12 @@ def resolve_config(
     file: Path | None = None
     env_file = env.get(CONFIG_ENV, "").strip()
     if source is None and env_file:
-        source = env_file
-    if source is not None:
+        try:
+            data, origin, file = _read_source(env_file)
+        except ConfigError as exc:
+            raise ConfigError(CONFIG_ENV, f"{exc} (unset {CONFIG_ENV} or point it at a config file)") from exc
+        _merge(merged, origins, data, "", origin)
+    elif source is not None:
         data, origin, file = _read_source(source)
         _merge(merged, origins, data, "", origin)
     elif fallback is not None:

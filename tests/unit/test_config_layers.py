@@ -89,7 +89,8 @@ def test_a_whole_value_as_json() -> None:
          "KVTIER_SECONDARY_TIERS__0__TYPE: secondary_tiers is not a list"),
         ({"KVTIER_BLOCK_BYTES": "huge"}, "block_bytes: expected a size such as 8GiB"),
         ({"KVTIER_PLUGINS____X": "1"}, "KVTIER_PLUGINS____X: empty key segment"),
-        ({"KVTIER_CONFIG": "/nonexistent/kv.json"}, "/nonexistent/kv.json: cannot read config file"),
+        ({"KVTIER_CONFIG": "/nonexistent/kv.json"},
+         "KVTIER_CONFIG: /nonexistent/kv.json: cannot read config file"),
     ],
 )  # fmt: skip
 def test_bad_environment_is_one_clear_error(env: dict[str, str], message: str) -> None:
