@@ -1,0 +1,7 @@
+"""Adapters between kvtier and inference engines.
+
+Each integration lives in its own module and imports its engine lazily, so ``import kvtier`` (and
+``import kvtier.integrations``) never needs torch, transformers or vLLM:
+
+* :mod:`kvtier.integrations.transformers` (extra ``hf``): prefix reuse for Hugging Face causal LMs.
+"""
