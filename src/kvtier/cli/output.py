@@ -16,29 +16,13 @@ import io
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+from kvtier.tables import TextTable
 
 __all__ = ["TextTable", "emit", "have_rich", "render"]
 
 #: Output width when stdout is not a terminal (pipes, files, tests): wide enough for every table.
 PIPE_WIDTH = 120
-
-
-@dataclass
-class TextTable:
-    """One table: ``title``, column names, rows of cells (already formatted as text).
-
-    ``right`` names the columns aligned right (numbers); ``show_header=False`` for key/value tables.
-    """
-
-    title: str
-    columns: Sequence[str]
-    rows: list[Sequence[str]] = field(default_factory=list)
-    right: frozenset[str] = frozenset()
-    show_header: bool = True
-
-    def add_row(self, *cells: object) -> None:
-        self.rows.append(["" if c is None else str(c) for c in cells])
 
 
 def have_rich() -> bool:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvtier.cli.output import TextTable
+    from kvtier.tables import TextTable
 
 __all__ = ["LATENCY_TITLE", "ReplayReport", "TierReport", "percentiles", "report_tables", "sweep_tables"]
 
@@ -153,10 +153,10 @@ def _bytes(n: float) -> str:
 def report_tables(report: ReplayReport) -> list[TextTable | str]:
     """``report`` as the CLI prints it: a summary, notes, a per-tier table and a latency table.
 
-    Plain values (:class:`kvtier.cli.output.TextTable`); :func:`kvtier.cli.output.emit` prints them with
+    Plain values (:class:`kvtier.tables.TextTable`); :func:`kvtier.cli.output.emit` prints them with
     rich when it is installed and as aligned text otherwise. No text is read as markup.
     """
-    from kvtier.cli.output import TextTable
+    from kvtier.tables import TextTable
 
     hr = report.hit_ratio
     summary = TextTable(
@@ -219,7 +219,7 @@ LATENCY_TITLE = "latency per request (ms); load[t]: requests whose slowest hits 
 
 def sweep_tables(rows: Sequence[Mapping[str, Any]]) -> list[TextTable | str]:
     """A sweep (one row per capacity) with one column per policy plus OPT and infinite."""
-    from kvtier.cli.output import TextTable
+    from kvtier.tables import TextTable
 
     if not rows:
         return []
