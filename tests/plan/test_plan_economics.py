@@ -56,7 +56,7 @@ def test_menu_file_overrides_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tiers.nvme.speed.*valid keys are: price_per_gib_month"):
         load_menu(f)
     f.write_text(json.dumps({"gpu": {"prefill_tokens_per_second": 0}}))
-    with pytest.raises(ConfigError, match="prefill_tokens_per_second.*> 0"):
+    with pytest.raises(ConfigError, match=r"prefill_tokens_per_second.*> 0"):
         load_menu(f)
     y = tmp_path / "menu.yaml"
     y.write_text("tiers:\n  s3:\n    price_per_gib_month: 0.02\n")

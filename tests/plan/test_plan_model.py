@@ -31,7 +31,7 @@ def test_llama3_8b_is_128_kib_per_token() -> None:
 
 def test_fp8_kv_cache_halves_it_and_bad_dtype_is_named() -> None:
     assert kv_from_config(LLAMA3_8B, kv_dtype="fp8").bytes_per_token == 65536
-    with pytest.raises(ConfigError, match="--kv-dtype.*unknown dtype 'int3'"):
+    with pytest.raises(ConfigError, match=r"--kv-dtype.*unknown dtype 'int3'"):
         kv_from_config(LLAMA3_8B, kv_dtype="int3")
 
 
@@ -59,7 +59,7 @@ def test_sliding_window_layers_are_refused_with_the_way_out() -> None:
              "layer_types": ["sliding_attention", "full_attention"] * 2}  # fmt: skip
     with pytest.raises(ConfigError, match=r"2 of 4 layers use a sliding window.*--kv-bytes-per-token 8192"):
         kv_from_config(gemma)
-    with pytest.raises(ConfigError, match="4 of 4 layers.*bytes per token your engine offloads"):
+    with pytest.raises(ConfigError, match=r"4 of 4 layers.*bytes per token your engine offloads"):
         kv_from_config({**LLAMA3_8B, "num_hidden_layers": 4, "sliding_window": 4096})
     # Qwen2-style: a window that is configured but not in use is ignored.
     qwen = {**LLAMA3_8B, "sliding_window": 32768, "use_sliding_window": False}
@@ -67,13 +67,13 @@ def test_sliding_window_layers_are_refused_with_the_way_out() -> None:
 
 
 def test_missing_fields_and_bad_files_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config.json.num_hidden_layers"):
+    with pytest.raises(ConfigError, match=r"config.json.num_hidden_layers"):
         kv_from_config({"hidden_size": 8})
     bad = tmp_path / "config.json"
     bad.write_text("{nope")
-    with pytest.raises(ConfigError, match="config.json: not JSON"):
+    with pytest.raises(ConfigError, match=r"config.json: not JSON"):
         load_model_config(bad)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match=r"cannot read"):
         load_model_config(tmp_path / "absent.json")
     bad.write_text(json.dumps(LLAMA3_8B))
     assert kv_from_config(load_model_config(bad)).bytes_per_token == 131072

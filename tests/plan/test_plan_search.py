@@ -88,15 +88,15 @@ def test_tiers_that_never_pay_are_left_out_with_a_note() -> None:
 
 def test_bad_options_are_named() -> None:
     reqs = list(_requests(10))
-    with pytest.raises(ConfigError, match="--tiers.*starts with ram"):
+    with pytest.raises(ConfigError, match=r"--tiers.*starts with ram"):
         plan(reqs, kv_bytes_per_token=KV, kinds=["nvme"])
-    with pytest.raises(ConfigError, match="--tiers.*unknown tier kind 'tape'"):
+    with pytest.raises(ConfigError, match=r"--tiers.*unknown tier kind 'tape'"):
         plan(reqs, kv_bytes_per_token=KV, kinds=["ram", "tape"])
-    with pytest.raises(ConfigError, match="--target-hit"):
+    with pytest.raises(ConfigError, match=r"--target-hit"):
         plan(reqs, kv_bytes_per_token=KV, target_hit=1.5)
-    with pytest.raises(ConfigError, match="not both"):
+    with pytest.raises(ConfigError, match=r"not both"):
         plan(reqs, kv_bytes_per_token=KV, target_hit=0.2, budget=5)
-    with pytest.raises(ConfigError, match="--trace-seconds"):
+    with pytest.raises(ConfigError, match=r"--trace-seconds"):
         plan([TraceRequest(5.0, (1, 2))], kv_bytes_per_token=KV)
 
 
