@@ -6,12 +6,17 @@ from __future__ import annotations
 import functools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtier.config import load_config
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyNamespace
 from kvtier.plan import PlanResult, plan
-from kvtier.plan.search import pareto_front
+from kvtier.plan.economics import Economics
+from kvtier.plan.points import Point
+from kvtier.plan.search import Objective, pareto_front
+from kvtier.plan.stack import Stack
 from kvtier.sim.defaults import shipped_trace
 from kvtier.sim.prepared import prepare_trace
 from kvtier.sim.replay import replay
@@ -107,3 +112,37 @@ def test_turns_are_reported_for_conversation_traces() -> None:
     assert [t["turn"] for t in r.per_turn] == [1, 2, 3]
     assert sum(t["requests"] for t in r.per_turn) == 300
     assert all(0.0 <= t["hit_ratio"] <= 1.0 for t in r.per_turn)
+
+
+def _point(cost: float, value: float, hit: float = 0.1) -> Point:
+    econ = Economics(cost, {}, {}, 0.0, 1.0, 0.0, value, value - cost)
+    return Point(Stack((("ram", int(cost * 1000) + 1),)), "simulated", {"block": hit}, {}, econ, 1)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=30))
+def test_pareto_front_is_exactly_the_undominated_points(pairs: list[tuple[int, int]]) -> None:
+    points = [_point(float(c), float(v)) for c, v in pairs]
+    front = pareto_front(points)
+    front_pairs = {(p.econ.storage_cost, p.econ.gpu_value) for p in front}
+    for p in points:
+        c, v = p.econ.storage_cost, p.econ.gpu_value
+        dominated = any((q.econ.storage_cost <= c and q.econ.gpu_value > v) or
+                        (q.econ.storage_cost < c and q.econ.gpu_value >= v) for q in points)  # fmt: skip
+        assert ((c, v) in front_pairs) == (not dominated)
+    costs = [p.econ.storage_cost for p in front]
+    assert costs == sorted(costs)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50), st.floats(0, 1)), min_size=1, max_size=20),
+       st.floats(0.01, 0.99))  # fmt: skip
+def test_objective_picks_the_cheapest_reaching_the_target(
+    rows: list[tuple[int, int, float]], target: float
+) -> None:
+    points = [_point(float(c), float(v), h) for c, v, h in rows]
+    obj = Objective.make(target, None)
+    best = sorted(points, key=obj.key)[0]
+    reaching = [p for p in points if p.block_hit >= target]
+    if reaching:
+        assert obj.feasible(best) and best.econ.storage_cost == min(p.econ.storage_cost for p in reaching)
+    else:
+        assert not obj.feasible(best)
