@@ -52,6 +52,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--sweep", action="store_true", help="capacity x policy sweep (simulate) with OPT")
     p.add_argument("--plot", metavar="PNG", help="write hit ratio vs capacity plot (implies --sweep)")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="--sweep: replay the points in N processes (0: one per core)"
+    )
     p.add_argument("--opt", action=argparse.BooleanOptionalAction, default=None,
                    help="compute Belady/OPT (default: on with --simulate and --sweep)")  # fmt: skip
     p.add_argument(
@@ -234,6 +237,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list[str], show: bool) -> int:
+    from kvtier.sim.parallel import default_jobs
     from kvtier.sim.plot import plot_hit_ratio
     from kvtier.sim.report import render_sweep
     from kvtier.sim.sweep import parse_capacities, sweep
@@ -249,6 +253,7 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
             pols,
             with_opt=args.opt is not False,
             progress=lambda label, done, total: bar.update(done, total, label),
+            jobs=args.jobs if args.jobs > 0 else default_jobs(),
         )
     finally:
         bar.close()

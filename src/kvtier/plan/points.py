@@ -4,8 +4,8 @@
 the block geometry). :func:`simulate` is exactly ``kvtier replay --simulate --config C`` on the
 config :func:`kvtier.plan.stack.stack_config` writes for the stack: the same
 :func:`kvtier.sim.replay.replay` call, so its hit ratios are the ones that command prints.
-:func:`simulate_many` runs several in parallel, one process per core (``fork``: the children share
-the prepared trace copy-on-write; elsewhere it runs them one by one).
+:func:`simulate_many` runs several in parallel, one process per core
+(:func:`kvtier.sim.parallel.fork_map`: the children share the prepared trace copy-on-write).
 
 :func:`estimate` is the cheap stand-in used to prune the grid: with write-through every tier of a
 stack holds (about) the blocks an LRU cache of its size would, so a tier's hits are those of an LRU
@@ -15,8 +15,6 @@ block's prefill time minus one block's load time from that tier.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +23,7 @@ from kvtier.plan.curve import LruCurve
 from kvtier.plan.economics import GIB, Economics, economics
 from kvtier.plan.menu import Menu
 from kvtier.plan.stack import TIER_TYPES, Stack, stack_config
+from kvtier.sim.parallel import fork_map
 from kvtier.sim.prepared import PreparedTrace
 
 __all__ = ["PlanContext", "Point", "estimate", "simulate", "simulate_many"]
@@ -164,21 +163,8 @@ def simulate(ctx: PlanContext, stack: Stack) -> Point:
     return Point(stack, "simulated", dict(report.hit_ratio), hits, econ, report.block_refs, by_tier)
 
 
-# The forked workers read the context from here (inherited, never pickled).
-_WORKER_CTX: PlanContext | None = None
-
-
-def _work(sizes: tuple[tuple[str, int], ...]) -> Point:
-    assert _WORKER_CTX is not None
-    return simulate(_WORKER_CTX, Stack(sizes))
-
-
-def default_jobs() -> int:
-    """Worker processes: the cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+def _simulate_sizes(ctx: PlanContext, sizes: tuple[tuple[str, int], ...]) -> Point:
+    return simulate(ctx, Stack(sizes))
 
 
 def simulate_many(
@@ -189,28 +175,4 @@ def simulate_many(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Point]:
     """:func:`simulate` every stack, ``jobs`` at a time (default: one per core); results in order."""
-    global _WORKER_CTX
-    n = len(stacks)
-    workers = min(jobs or default_jobs(), n)
-    out: list[Point | None] = [None] * n
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        for i, s in enumerate(stacks):
-            out[i] = simulate(ctx, s)
-            if progress is not None:
-                progress(i + 1, n)
-        return [p for p in out if p is not None]
-    _WORKER_CTX = ctx
-    try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            sizes = [s.sizes for s in stacks]
-            for done, (i, point) in enumerate(pool.imap_unordered(_indexed, list(enumerate(sizes))), 1):
-                out[i] = point
-                if progress is not None:
-                    progress(done, n)
-    finally:
-        _WORKER_CTX = None
-    return [p for p in out if p is not None]
-
-
-def _indexed(item: tuple[int, tuple[tuple[str, int], ...]]) -> tuple[int, Point]:
-    return item[0], _work(item[1])
+    return fork_map(_simulate_sizes, ctx, [s.sizes for s in stacks], jobs=jobs, progress=progress)
