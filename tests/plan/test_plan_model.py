@@ -61,6 +61,9 @@ def test_sliding_window_layers_are_refused_with_the_way_out() -> None:
         kv_from_config(gemma)
     with pytest.raises(ConfigError, match=r"4 of 4 layers.*bytes per token your engine offloads"):
         kv_from_config({**LLAMA3_8B, "num_hidden_layers": 4, "sliding_window": 4096})
+    gemma3 = {**LLAMA3_8B, "num_hidden_layers": 12, "sliding_window": 1024, "sliding_window_pattern": 6}
+    with pytest.raises(ConfigError, match=r"10 of 12 layers.*--kv-bytes-per-token 8192"):
+        kv_from_config(gemma3)
     # Qwen2-style: a window that is configured but not in use is ignored.
     qwen = {**LLAMA3_8B, "sliding_window": 32768, "use_sliding_window": False}
     assert kv_from_config(qwen).bytes_per_token == 131072

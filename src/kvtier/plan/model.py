@@ -133,6 +133,10 @@ def _sliding_layers(cfg: Mapping[str, Any], layers: int) -> int:
     window = cfg.get("sliding_window")
     if window in (None, 0, False) or cfg.get("use_sliding_window") is False:
         return 0
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1:
+        # Gemma-3-style: every pattern-th layer is global, the others slide.
+        return layers - layers // pattern
     # Qwen2-style configs: only layers from max_window_layers on slide.
     mwl = cfg.get("max_window_layers")
     if isinstance(mwl, int) and cfg.get("use_sliding_window") is True:

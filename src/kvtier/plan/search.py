@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -169,8 +170,8 @@ def _neighbours(ctx: PlanContext, stack: Stack) -> list[Stack]:
 def _corrected(ctx: PlanContext, stack: Stack, bias: float, gain: float) -> Point:
     p = estimate(ctx, stack)
     p.hit_ratio = {"block": p.block_hit + bias}
-    p.econ = type(p.econ)(**{**p.econ.as_dict(), "gpu_value": p.econ.gpu_value * gain,
-                             "net_saving": p.econ.gpu_value * gain - p.econ.storage_cost})  # fmt: skip
+    value = p.econ.gpu_value * gain
+    p.econ = dataclasses.replace(p.econ, gpu_value=value, net_saving=value - p.econ.storage_cost)
     return p
 
 
