@@ -95,3 +95,13 @@ def test_guess_finds_the_block_size_of_consistent_requests(lengths: list[int], t
     assert guess is not None
     # Every request agrees with the guess (short requests may fit several sizes; the smallest wins).
     assert all(-(-n // guess) == -(-n // tokens) for n in lengths)
+    # The size the user gives is kept when it explains the trace as well as any other.
+    assert guess_block_tokens(reqs, prefer=tokens) == tokens
+
+
+def test_tiny_requests_do_not_contradict_the_given_block_size() -> None:
+    from kvtier.sim.trace import TraceRequest
+
+    tiny = [TraceRequest(0.0, (i,), input_length=10) for i in range(5)]  # fits every size
+    assert guess_block_tokens(tiny) == 16
+    assert guess_block_tokens(tiny, prefer=512) == 512

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         requests = read_trace(path, limit=args.limit)
         if not requests:
             raise ConfigError("trace", f"{path}: no requests to plan for")
-        guess = guess_block_tokens(requests)
+        guess = guess_block_tokens(requests, prefer=args.block_tokens)
         if guess is not None and guess != args.block_tokens:
             raise ConfigError(
                 "--block-tokens",

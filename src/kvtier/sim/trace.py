@@ -233,16 +233,25 @@ def unique_blocks(requests_or_flat: Iterable[TraceRequest] | np.ndarray) -> int:
 
 
 def guess_block_tokens(
-    requests: Iterable[TraceRequest], candidates: Iterable[int] = (16, 32, 64, 128, 256, 512)
+    requests: Iterable[TraceRequest],
+    candidates: Iterable[int] = (16, 32, 64, 128, 256, 512),
+    *,
+    prefer: int | None = None,
 ) -> int | None:
-    """The tokens per block that best explains ``len(blocks) == ceil(input_length / b)``; ``None``
-    when no request gives ``input_length`` or no candidate fits at least half of those that do."""
+    """The tokens per block that best explains ``len(blocks) == ceil(input_length / b)``.
+
+    ``None`` when no request gives ``input_length`` or no size fits at least half of those that do.
+    A size fitting as many requests as the best one wins when it is ``prefer`` (short requests fit
+    several sizes and say nothing), else the smallest such size.
+    """
     pairs = [(r.input_length, len(r.blocks)) for r in requests if r.input_length and r.blocks]
     if not pairs:
         return None
-    best, best_fit = None, 0
-    for b in candidates:
-        fit = sum(1 for n_tok, n_blk in pairs if -(-n_tok // b) == n_blk)
-        if fit > best_fit:
-            best, best_fit = b, fit
-    return best if 2 * best_fit >= len(pairs) else None
+    sizes = sorted(set(candidates) | ({prefer} if prefer else set()))
+    fits = {b: sum(1 for n_tok, n_blk in pairs if -(-n_tok // b) == n_blk) for b in sizes}
+    top = max(fits.values())
+    if 2 * top < len(pairs):
+        return None
+    if prefer is not None and fits.get(prefer) == top:
+        return prefer
+    return min(b for b in sizes if fits[b] == top)
