@@ -22,6 +22,7 @@ def _kvtier(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # ~20 s idle; minutes when the 2 cores are shared
 def test_default_plan_recommends_a_stack_that_replay_reproduces(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     proc = _kvtier("plan", "--json", "--write-config", "stack.json", "--plot", "plan", cwd=tmp_path)

@@ -35,6 +35,8 @@ def test_doc_defines_files_and_commands() -> None:
 
 
 @pytest.mark.slow
+# A whole-trace plan and replay plus three short plans: minutes when the 2 cores are shared.
+@pytest.mark.timeout(900)
 def test_doc_commands_run_in_order(tmp_path: Path) -> None:
     for name, text in _files().items():
         json.loads(text)  # every file the page shows is valid JSON
