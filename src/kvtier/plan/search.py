@@ -10,9 +10,9 @@
    ``target`` hit ratio, the best net savings within a ``budget``, or points spread along the
    estimated Pareto front of cost against saving (plus the best estimated net saving).
 3. **Simulate** those through the engine, in parallel.
-4. **Refine** around the best simulated stack: every size x0.5, x0.7, x1.4, x2 and each secondary
-   tier removed; the estimates (corrected by the mean error the simulations showed) pick the
-   best few, which are simulated. The answer is always a simulated stack.
+4. **Refine** around the best simulated stack: every size x0.5, x0.7, x0.85, x1.2, x1.4, x2 and
+   each secondary tier removed; the estimates (corrected by the mean error the simulations showed)
+   pick the best few, which are simulated. The answer is always a simulated stack.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DEFAULT_GRID: Mapping[str, tuple[float, ...]] = {
     "redis": (0.0, 2.0, 5.0, 10.0, 25.0, 50.0),
     "s3": (0.0, 10.0, 25.0, 50.0, 100.0),
 }
-_REFINE_FACTORS = (0.5, 0.7, 1.4, 2.0)
+_REFINE_FACTORS = (0.5, 0.7, 0.85, 1.2, 1.4, 2.0)
 #: Estimates within this many points of a target hit ratio are simulated (the curve is approximate).
 _TARGET_SLACK = 0.02
 
