@@ -6,10 +6,11 @@ libCacheSim 0.3.5's LRU (C, ``process_trace`` over an ``oracleGeneral`` file) on
 block sequence, in the same process, and prints block references per second for both.
 
 libCacheSim's hash table is sized fairly. Its default (``hashpower=24``: 2^24 buckets) is far larger
-than this trace needs and makes it 10-60x slower here; the reference is the fastest of three sizes
-a careful user would try — the default, one bucket per unique block of the trace
-(``ceil(log2(unique))``) and one per cached block (``ceil(log2(capacity)) + 1``) — and every size's
-figure is reported (``libcachesim_lru.by_hashpower``). All give the same hit ratio.
+than this trace needs and makes it 6-60x slower here (measured; it varies with the load). The
+reference is the fastest of three sizes a careful user would try — the default, one bucket per
+unique block of the trace (``ceil(log2(unique))``) and one per cached block
+(``ceil(log2(capacity)) + 1``) — and every size's figure is reported
+(``libcachesim_lru.by_hashpower``). All give the same hit ratio.
 
 ``ratios.simulate_vs_libcachesim_lru`` = kvtier refs/s / libCacheSim's best refs/s (higher is
 better; the engine does far more per block than a bare LRU list). The kvtier figure counts engine
