@@ -43,7 +43,7 @@ def test_mooncake_and_generic_lines_gzip_transparent(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ("{not json", "invalid JSON"),
-        ('{"timestamp": 1}', "neither 'hash_ids'"),
+        ('{"timestamp": 1}', "Mooncake lacks 'hash_ids'; generic lacks 'blocks'"),
         ('{"timestamp": "x", "blocks": []}', "timestamp"),
         ('{"timestamp": 1, "blocks": [1, -2]}', "block ids"),
         ('{"timestamp": 1, "hash_ids": "abc"}', "list of integers"),

@@ -29,7 +29,7 @@ from kvtier.errors import KvtierError
 __all__ = ["COMMANDS", "build_parser", "error_line", "main", "print_table"]
 
 #: Subcommand module names under ``kvtier.cli`` (a module not installed yet is left out of the menu).
-COMMANDS = ["plugins", "check", "replay", "bench", "serve"]
+COMMANDS = ["plugins", "check", "replay", "plan", "bench", "serve"]
 
 
 def _load(name: str) -> ModuleType | None:

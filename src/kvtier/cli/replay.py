@@ -70,6 +70,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="compute Belady/OPT (default: on with --simulate and --sweep)",
     )
     p.add_argument(
+        "--jobs", type=int, default=1, help="--sweep: replay the points in N processes (0: one per core)"
+    )
+    p.add_argument(
         "--sync",
         action="store_true",
         help="real mode: finish each request's tier I/O before the next request (fs tiers on one "
@@ -264,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list[str], show: bool) -> int:
     from kvtier.cli.output import emit
+    from kvtier.sim.parallel import default_jobs
     from kvtier.sim.plot import plot_hit_ratio
     from kvtier.sim.report import sweep_tables
     from kvtier.sim.sweep import parse_capacities, sweep
@@ -279,6 +283,7 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
             pols,
             with_opt=args.opt is not False,
             progress=lambda label, done, total: bar.update(done, total, label),
+            jobs=args.jobs if args.jobs > 0 else default_jobs(),
         )
     finally:
         bar.close()

@@ -137,11 +137,18 @@ def sweep(
     with_opt: bool = True,
     cost_model: CostModel | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    jobs: int = 1,
 ) -> SweepResult:
-    """Simulate every (capacity, policy) pair; ``progress(label, done_points, total_points)``."""
+    """Simulate every (capacity, policy) pair; ``progress(label, done_points, total_points)``.
+
+    ``jobs > 1`` replays the points in that many processes (:func:`kvtier.sim.parallel.fork_map`;
+    the reports are the same as one by one, progress then counts finished points).
+    """
     result = SweepResult(trace.name, list(capacities), list(policies), unique_blocks=trace.unique_blocks)
     result.infinite = trace.infinite()
     total = len(capacities) * len(policies) + (len(capacities) if with_opt else 0)
+    if jobs > 1:
+        return _sweep_parallel(result, trace, config, with_opt, cost_model, progress, jobs, total)
     done = 0
     for cap in capacities:
         if with_opt:
@@ -159,6 +166,50 @@ def sweep(
                 rep.opt = {"block": result.opt[cap.label]}
             result.reports[(cap.label, pol)] = rep
             done += 1
+    if progress is not None:
+        progress("done", total, total)
+    return result
+
+
+def _point(
+    shared: tuple[PreparedTrace, KvtierConfig, CostModel | None], item: tuple[int, str]
+) -> ReplayReport:
+    trace, config, cost_model = shared
+    return replay(trace, capacity_config(config, item[0], item[1]), simulate=True, cost_model=cost_model)
+
+
+def _sweep_parallel(
+    result: SweepResult,
+    trace: PreparedTrace,
+    config: KvtierConfig,
+    with_opt: bool,
+    cost_model: CostModel | None,
+    progress: Callable[[str, int, int], None] | None,
+    jobs: int,
+    total: int,
+) -> SweepResult:
+    from kvtier.sim.parallel import fork_map
+
+    points = [(cap, pol) for cap in result.capacities for pol in result.policies]
+    done = 0
+    if with_opt:
+        for cap in result.capacities:
+            if progress is not None:
+                progress(f"OPT @ {cap.label}", done, total)
+            result.opt[cap.label] = opt_hit_ratio(trace.flat, cap.blocks)
+            done += 1
+    base = done
+
+    def tick(n: int, _total: int) -> None:
+        if progress is not None:
+            progress("simulating", base + n, total)
+
+    reports = fork_map(_point, (trace, config, cost_model), [(c.blocks, p) for c, p in points], jobs=jobs,
+                       progress=tick)  # fmt: skip
+    for (cap, pol), rep in zip(points, reports, strict=True):
+        if with_opt:
+            rep.opt = {"block": result.opt[cap.label]}
+        result.reports[(cap.label, pol)] = rep
     if progress is not None:
         progress("done", total, total)
     return result

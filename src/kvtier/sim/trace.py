@@ -1,6 +1,6 @@
-"""Read KV-cache request traces (Mooncake JSONL and kvtier's generic JSONL), gzip or plain.
+"""Read KV-cache request traces (Mooncake, Qwen-Bailian and kvtier's generic JSONL), gzip or plain.
 
-Two line formats, one JSON object per line, requests in arrival order; blank lines are skipped and
+Three line formats, one JSON object per line, requests in arrival order; blank lines are skipped and
 the format is detected per line, so files may even mix them:
 
 * **Mooncake** (FAST'25 release)::
@@ -17,6 +17,14 @@ the format is detected per line, so files may even mix them:
   ``timestamp`` (milliseconds, number) and ``blocks`` (list of non-negative integer block ids, each
   naming its whole prefix, as ``hash_ids`` do) are required; ``tenant`` (string), ``input_length``
   and ``output_length`` (integers) are optional.
+
+* **Qwen-Bailian** (Alibaba's ``qwen_trace*_blksz_16.jsonl``): Mooncake's fields plus ``chat_id``,
+  ``parent_chat_id`` (-1 for a first turn), ``turn`` and ``type``, with ``timestamp`` in **seconds**
+  (a line with ``chat_id`` is read as this format; its timestamp is converted to milliseconds).
+  ``hash_ids`` there are per 16-token block: replay and plan such traces with ``--block-tokens 16``
+  (``--tokens-per-block 16`` for replay). The extra fields are kept on :class:`TraceRequest`.
+
+A line that matches no format gets a message naming, for each format, the fields it lacks.
 
 Gzip-compressed files are recognised by their magic bytes, whatever the file name. Bad input raises
 :class:`TraceError` with a one-line message naming the file and line.
@@ -40,7 +48,15 @@ import numpy as np
 
 from kvtier.errors import KvtierError
 
-__all__ = ["TraceError", "TraceRequest", "flatten", "iter_trace", "read_trace", "unique_blocks"]
+__all__ = [
+    "TraceError",
+    "TraceRequest",
+    "flatten",
+    "guess_block_tokens",
+    "iter_trace",
+    "read_trace",
+    "unique_blocks",
+]
 
 
 class TraceError(KvtierError, ValueError):
@@ -57,6 +73,8 @@ class TraceRequest:
         input_length: prompt tokens, when the trace says.
         output_length: generated tokens, when the trace says.
         tenant: tenant name (generic format only).
+        chat_id / parent_chat_id / turn / type: conversation fields (Qwen-Bailian format only;
+            ``parent_chat_id`` is ``None`` for a first turn, which the trace writes as -1).
     """
 
     timestamp_ms: float
@@ -64,6 +82,10 @@ class TraceRequest:
     input_length: int | None = None
     output_length: int | None = None
     tenant: str | None = None
+    chat_id: int | None = None
+    parent_chat_id: int | None = None
+    turn: int | None = None
+    type: str | None = None
 
 
 def _open_text(path: Path) -> IO[str]:
@@ -98,9 +120,13 @@ def _block_list(value: Any, name: str, where: str) -> tuple[int, ...]:
 def _parse(obj: Any, where: str) -> TraceRequest:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "timestamp" not in obj or not ("hash_ids" in obj or "blocks" in obj):
+        raise TraceError(f"{where}: not a known trace line: {_missing(obj)}")
     ts = obj.get("timestamp")
     if isinstance(ts, bool) or not isinstance(ts, int | float):
         raise TraceError(f"{where}: field 'timestamp' must be a number of milliseconds, got {ts!r}")
+    if "hash_ids" in obj and "chat_id" in obj:
+        return _parse_bailian(obj, float(ts), where)
     if "hash_ids" in obj:
         blocks = _block_list(obj["hash_ids"], "hash_ids", where)
         tenant = None
@@ -109,16 +135,52 @@ def _parse(obj: Any, where: str) -> TraceRequest:
         tenant = obj.get("tenant")
         if tenant is not None and not isinstance(tenant, str):
             raise TraceError(f"{where}: field 'tenant' must be a string, got {tenant!r}")
-    else:
-        raise TraceError(
-            f"{where}: neither 'hash_ids' (Mooncake format) nor 'blocks' (generic format) present"
-        )
+    else:  # pragma: no cover - excluded above
+        raise TraceError(f"{where}: not a known trace line: {_missing(obj)}")
     return TraceRequest(
         timestamp_ms=float(ts),
         blocks=blocks,
         input_length=_int_field(obj, "input_length", where, required=False),
         output_length=_int_field(obj, "output_length", where, required=False),
         tenant=tenant,
+    )
+
+
+#: Required fields per format, for the message naming what a line lacks.
+_FORMATS = {
+    "Mooncake": ("timestamp", "hash_ids"),
+    "generic": ("timestamp", "blocks"),
+    "Qwen-Bailian": ("chat_id", "parent_chat_id", "turn", "timestamp", "hash_ids"),
+}
+
+
+def _missing(obj: dict[str, Any]) -> str:
+    parts = []
+    for fmt, fields in _FORMATS.items():
+        lacking = [f for f in fields if f not in obj]
+        parts.append(f"{fmt} lacks {', '.join(repr(f) for f in lacking)}")
+    return "; ".join(parts)
+
+
+def _parse_bailian(obj: dict[str, Any], ts_seconds: float, where: str) -> TraceRequest:
+    lacking = [f for f in _FORMATS["Qwen-Bailian"] if f not in obj]
+    if lacking:
+        raise TraceError(f"{where}: Qwen-Bailian line (has 'chat_id') lacks {', '.join(map(repr, lacking))}")
+    parent = obj["parent_chat_id"]
+    if isinstance(parent, bool) or not isinstance(parent, int) or parent < -1:
+        raise TraceError(f"{where}: field 'parent_chat_id' must be an integer >= -1, got {parent!r}")
+    kind = obj.get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise TraceError(f"{where}: field 'type' must be a string, got {kind!r}")
+    return TraceRequest(
+        timestamp_ms=ts_seconds * 1000.0,
+        blocks=_block_list(obj["hash_ids"], "hash_ids", where),
+        input_length=_int_field(obj, "input_length", where, required=False),
+        output_length=_int_field(obj, "output_length", where, required=False),
+        chat_id=_int_field(obj, "chat_id", where, required=True),
+        parent_chat_id=None if parent == -1 else parent,
+        turn=_int_field(obj, "turn", where, required=True),
+        type=kind,
     )
 
 
@@ -168,3 +230,28 @@ def unique_blocks(requests_or_flat: Iterable[TraceRequest] | np.ndarray) -> int:
     """Number of distinct block ids."""
     flat = requests_or_flat if isinstance(requests_or_flat, np.ndarray) else flatten(requests_or_flat)
     return int(np.unique(flat).size)
+
+
+def guess_block_tokens(
+    requests: Iterable[TraceRequest],
+    candidates: Iterable[int] = (16, 32, 64, 128, 256, 512),
+    *,
+    prefer: int | None = None,
+) -> int | None:
+    """The tokens per block that best explains ``len(blocks) == ceil(input_length / b)``.
+
+    ``None`` when no request gives ``input_length`` or no size fits at least half of those that do.
+    A size fitting as many requests as the best one wins when it is ``prefer`` (short requests fit
+    several sizes and say nothing), else the smallest such size.
+    """
+    pairs = [(r.input_length, len(r.blocks)) for r in requests if r.input_length and r.blocks]
+    if not pairs:
+        return None
+    sizes = sorted(set(candidates) | ({prefer} if prefer else set()))
+    fits = {b: sum(1 for n_tok, n_blk in pairs if -(-n_tok // b) == n_blk) for b in sizes}
+    top = max(fits.values())
+    if 2 * top < len(pairs):
+        return None
+    if prefer is not None and fits.get(prefer) == top:
+        return prefer
+    return min(b for b in sizes if fits[b] == top)

@@ -1,0 +1,202 @@
+"""``kvtier plan``: the cheapest tier stack for a trace and a model (a thin shell over
+:func:`kvtier.plan.plan`; see docs/plan.md).
+
+Exit codes: 0 a recommendation was printed; 1 the ``--target-hit`` cannot be reached; 2 bad input
+(``ErrorType: message`` on one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+
+__all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "add_parser", "run"]
+
+#: Llama-3-8B in bf16 (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), when no model is given.
+DEFAULT_KV_BYTES_PER_TOKEN = 131072
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``plan`` on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "plan",
+        help="capacity planner: the cheapest RAM/NVMe/Redis/S3 stack for a trace, with cost and savings",
+        description="Search tier sizes for a trace, simulating candidates through the engine "
+        "(as `kvtier replay --simulate`), and recommend the cheapest stack for the objective.",
+    )
+    p.add_argument("trace", nargs="?", help="trace (.jsonl/.jsonl.gz: Mooncake, Qwen-Bailian, generic); "
+                   "default: the shipped conversation trace")  # fmt: skip
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--model-config", metavar="JSON", help="Hugging Face config.json of the model")
+    kv_help = f"KV bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN:,}: Llama-3-8B, bf16)"
+    model.add_argument("--kv-bytes-per-token", type=int, help=kv_help)
+    p.add_argument("--kv-dtype", help="KV-cache dtype overriding the config's (e.g. fp8)")
+    bt_help = "tokens per trace block (512 in the Mooncake traces, 16 at vLLM's block size)"
+    p.add_argument(
+        "--block-tokens", "--tokens-per-block", dest="block_tokens", type=int, default=512, help=bt_help
+    )
+    p.add_argument("--tiers", default="ram,nvme,redis,s3", help="kinds to search, fastest first (ram first)")
+    p.add_argument("--menu", metavar="FILE", help="JSON/YAML overriding prices, bandwidths, latencies, GPU")
+    p.add_argument("--prefill-tokens-per-second", type=float, help="GPU prefill rate (default 10,000)")
+    p.add_argument(
+        "--gpu-price", type=float, metavar="USD_PER_HOUR", help="GPU price per hour (default 2.50)"
+    )
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument(
+        "--target-hit", metavar="PCT", help="cheapest stack reaching this block hit ratio (30%%)"
+    )
+    goal.add_argument("--budget", metavar="USD", help="largest net saving with storage <= $USD per month")
+    p.add_argument("--policy", default="lru", help="eviction policy of every tier (default lru)")
+    p.add_argument("--write-policy", default="write_through", choices=["write_through", "after_hits"])
+    p.add_argument("--trace-seconds", type=float, help="traffic duration (default: the timestamps' span)")
+    p.add_argument("--limit", type=int, help="plan for the first N requests only")
+    p.add_argument("--simulations", type=int, default=6, help="grid stacks simulated (default 6)")
+    p.add_argument("--refine", type=int, default=3, help="refinement stacks simulated (default 3)")
+    p.add_argument("--jobs", type=int, help="parallel simulations (default: one per core)")
+    p.add_argument(
+        "--write-config", metavar="PATH", help="write the recommended stack's kvtier config (JSON)"
+    )
+    p.add_argument("--plot", metavar="PREFIX", help="write PREFIX-capacity.png and PREFIX-pareto.png")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr (default: when stderr is a terminal)")  # fmt: skip
+    return p
+
+
+def _fraction(text: str, option: str) -> float:
+    s = text.strip()
+    try:
+        value = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
+    except ValueError:
+        raise ConfigError(option, f"{text!r} is not a ratio such as 30% or 0.3") from None
+    return value
+
+
+def _dollars(text: str) -> float:
+    try:
+        return float(text.strip().lstrip("$").replace(",", ""))
+    except ValueError:
+        raise ConfigError("--budget", f"{text!r} is not an amount of dollars such as 500 or $500") from None
+
+
+@contextlib.contextmanager
+def _trace_path(arg: str | None) -> Iterator[Path]:
+    from kvtier.sim.defaults import shipped_trace
+
+    if arg:
+        yield Path(arg)
+        return
+    with shipped_trace() as path:
+        yield path
+
+
+def _kv(args: argparse.Namespace, notes: list[str]) -> tuple[int, dict[str, Any] | None]:
+    from kvtier.plan.model import kv_from_config, load_model_config
+
+    if args.model_config:
+        m = kv_from_config(load_model_config(args.model_config), kv_dtype=args.kv_dtype,
+                           source=Path(args.model_config).name)  # fmt: skip
+        return m.bytes_per_token, m.as_dict()
+    if args.kv_dtype:
+        raise ConfigError(
+            "--kv-dtype", "needs --model-config (with --kv-bytes-per-token give the bytes directly)"
+        )
+    if args.kv_bytes_per_token is not None:
+        return args.kv_bytes_per_token, None
+    notes.append(
+        f"no model given: {DEFAULT_KV_BYTES_PER_TOKEN:,} KV bytes per token assumed (Llama-3-8B, bf16)"
+    )
+    return DEFAULT_KV_BYTES_PER_TOKEN, None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``kvtier plan`` (see :func:`add_parser`); returns the exit code."""
+    from kvtier.plan import plan
+    from kvtier.plan.menu import load_menu
+    from kvtier.sim.trace import guess_block_tokens, read_trace
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit", f"must be >= 1, got {args.limit}")
+    notes: list[str] = []
+    kv_bytes, model = _kv(args, notes)
+    menu = load_menu(args.menu).with_gpu(
+        prefill_tokens_per_second=args.prefill_tokens_per_second, price_per_hour=args.gpu_price
+    )
+    target = _fraction(args.target_hit, "--target-hit") if args.target_hit else None
+    budget = _dollars(args.budget) if args.budget else None
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with _trace_path(args.trace) as path:
+        requests = read_trace(path, limit=args.limit)
+        if not requests:
+            raise ConfigError("trace", f"{path}: no requests to plan for")
+        guess = guess_block_tokens(requests, prefer=args.block_tokens)
+        if guess is not None and guess != args.block_tokens:
+            raise ConfigError(
+                "--block-tokens",
+                f"{path.name}: len(hash_ids) matches input_length at {guess}-token blocks, not "
+                f"{args.block_tokens}; pass --block-tokens {guess}",
+            )
+
+        def progress(label: str, done: int, total: int) -> None:
+            if show:
+                print(
+                    f"\r{label}: {done}/{total}",
+                    end="\n" if done == total else "",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        result = plan(
+            requests,
+            kv_bytes_per_token=kv_bytes,
+            tokens_per_block=args.block_tokens,
+            menu=menu,
+            kinds=args.tiers.split(","),
+            target_hit=target,
+            budget=budget,
+            name=path.name,
+            policy=args.policy,
+            write_policy=args.write_policy,
+            trace_seconds=args.trace_seconds,
+            simulations=args.simulations,
+            refine=args.refine,
+            jobs=args.jobs,
+            model=model,
+            progress=progress,
+        )
+    result.notes[:0] = notes
+    written = _outputs(args, result)
+    if args.json:
+        doc = result.to_json()
+        doc["files"] = written
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        from kvtier.cli.main import print_table
+        from kvtier.plan.render import render_plan
+
+        render_plan(result, print_table)
+        for f in written:
+            print(f"wrote {f}")
+    return 0 if result.recommendation is not None else 1
+
+
+def _outputs(args: argparse.Namespace, result: Any) -> list[str]:
+    written: list[str] = []
+    if args.write_config and result.config is not None:
+        Path(args.write_config).write_text(json.dumps(result.config, indent=2) + "\n", encoding="utf-8")
+        written.append(args.write_config)
+    if args.plot and result.recommendation is not None:
+        from kvtier.plan.plots import plot_capacity, plot_pareto
+
+        cap, par = f"{args.plot}-capacity.png", f"{args.plot}-pareto.png"
+        plot_capacity(result, cap)
+        plot_pareto(result, par)
+        written += [cap, par]
+    return written
