@@ -1,0 +1,1 @@
+"""Adapters that plug kvtier into inference engines (vLLM: :mod:`kvtier.integrations.vllm`)."""
