@@ -33,6 +33,7 @@ __all__ = [
     "AdapterOptions",
     "explain_vllm_key",
     "fs_threads",
+    "is_adapter_entry",
     "is_kv_transfer_config",
     "kvtier_mapping",
     "split_adapter_entry",
@@ -104,6 +105,10 @@ _VLLM_TIER_KEYS: dict[str, tuple[str, str]] = {
     "locality": (
         "LOCAL or REMOTE: picks back-pressure watermarks and per-request tier filters",
         "remove it from kvtier's own config; inside vLLM put it on the KvtierTier entry",
+    ),
+    "custom_param": (
+        "a dummy option of vLLM's example tier that only shows how tier options are passed",
+        "remove it (kvtier's example tier takes capacity_blocks)",
     ),
     "backpressure": (
         "the back-pressure detector of this tier",
@@ -301,7 +306,8 @@ def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
             )
         opts, kv_entry = split_adapter_entry(entry, path)
         if opts.enable_kv_events:
-            raise explain_vllm_key("enable_kv_events", path, tier=True) or AssertionError
+            meaning, instead = _VLLM_TIER_KEYS["enable_kv_events"]
+            raise ConfigError(f"{path}enable_kv_events", f"vLLM's fs tier would {meaning}; {instead}")
         tiers.append(kv_entry)
         indices.append(i)
     return {"cpu_bytes_to_use": extra["cpu_bytes_to_use"], "secondary_tiers": tiers}, indices
