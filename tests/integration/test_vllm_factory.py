@@ -114,8 +114,9 @@ def test_load_of_missing_keys_is_a_partial_success(tmp_path: Path) -> None:
 
 
 def test_bad_tier_option_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="root_dir"):
+    with pytest.raises(ConfigError, match="root_dir") as err:
         _create({**ADAPTER, "tier": "fs"})
+    assert err.value.key_path == "KvtierTier.root_dir"
     with pytest.raises(ConfigError, match="locality"):
         _create({**kvtier_entry(tmp_path), "locality": "MARS"})
     with pytest.raises(ConfigError, match="n_read_threads"):

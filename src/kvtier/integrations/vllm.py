@@ -64,6 +64,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier.errors import ConfigError
 from kvtier.integrations.vllm_config import ADAPTER_CLASS, split_adapter_entry, vllm_namespace
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
@@ -181,9 +182,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             block_bytes=self.block_size_bytes,
             namespace=self.namespace.root.hex(),
         )
-        self._tier: SecondaryTier = create_tier(
-            entry, primary_kv_view=_as_bytes(primary_kv_view), context=context
-        )
+        try:
+            self._tier: SecondaryTier = create_tier(
+                entry, primary_kv_view=_as_bytes(primary_kv_view), context=context
+            )
+        except ConfigError as exc:
+            # kvtier's factory numbers its one entry 0; vLLM's user knows it as the KvtierTier entry.
+            path = exc.key_path.replace("secondary_tiers[0]", ADAPTER_CLASS, 1)
+            raise ConfigError(path, exc.detail) from exc
         medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
         # Per instance: one adapter class fronts tiers of every medium.
         self.medium = medium
