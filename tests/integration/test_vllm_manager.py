@@ -219,3 +219,11 @@ def test_tier_counters_reach_vllm_metrics(tmp_path: Path) -> None:
         assert again is None or f"{adapter.METRIC_PREFIX}stores" not in again.data["data"]
         info = stack.manager.config_info()
         assert info[1]["kvtier_tier_type"] == "fs"
+
+
+def test_shutdown_lets_vllm_unmap_its_primary_region(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING), vllm_stack(tmp_path) as stack:
+        stack.store(offload_keys(2, salt=b"unmap"))
+    assert not [r for r in caplog.records if "Keeping" in r.getMessage()]

@@ -46,6 +46,7 @@ Importing this module imports vLLM (the ``vllm`` extra).
 from __future__ import annotations
 
 import difflib
+import gc
 import inspect
 import logging
 import threading
@@ -362,7 +363,19 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             time.sleep(0.001)
 
     def shutdown(self) -> None:
-        self._tier.shutdown()
+        """Shut the kvtier tier down and let go of it. Idempotent.
+
+        The kvtier tier's numpy view of the primary buffer keeps vLLM's shared region exported;
+        while it lives, vLLM's primary tier cannot unmap the region at its own shutdown (which
+        follows this one) and logs that it keeps it mapped. Dropping the tier, and collecting the
+        reference cycles its threads leave, releases the view first.
+        """
+        tier = getattr(self, "_tier", None)
+        if tier is None:
+            return
+        tier.shutdown()
+        del self._tier, tier
+        gc.collect()
 
     # -- metrics -------------------------------------------------------------------------------
     @classmethod
