@@ -348,31 +348,6 @@ def load_config(
         except json.JSONDecodeError as exc:
             raise ConfigError("", f"config JSON string is invalid: {exc}") from exc
         return _from_mapping(data)
-    path = Path(text_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("", f"{path}: cannot read config file ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError as exc:
-        # Not an OSError: without this a binary file escaped as a bare ValueError with a traceback.
-        raise ConfigError(
-            "", f"{path}: config file is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from exc
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as exc:  # pragma: no cover - PyYAML is in the cli/dev extras
-            raise ConfigError("", f"{path}: YAML needs PyYAML: pip install 'kvtier[cli]'") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else "parse error"
-            raise ConfigError("", f"{path}: invalid YAML ({first})") from exc
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("", f"{path}: invalid JSON ({exc})") from exc
-    if data is None:
-        data = {}
-    return _from_mapping(data)
+    from kvtier.config_files import read_config_file
+
+    return _from_mapping(read_config_file(Path(text_or_path)))

@@ -21,6 +21,7 @@ __all__ = [
     "BlockInfo",
     "BlockKey",
     "KeyNamespace",
+    "LookupCode",
     "LookupResult",
     "chain_key",
     "make_namespace",
@@ -41,6 +42,30 @@ class LookupResult(enum.Enum):
     """Held in a slower tier; a promotion into the primary tier is in flight. Ask again later."""
     RETRY = "retry"
     """Unknown yet (index still warming, backend slow to answer); ask again next step."""
+
+
+class LookupCode(enum.IntEnum):
+    """A :class:`LookupResult` as one small integer: the byte values of ``LookupReport.codes``.
+
+    The one definition of these numbers. Hot loops compare plain ``int`` constants derived from it
+    once per module (``_HIT = int(LookupCode.HIT)``), because CPython specialises comparisons of
+    exact ints only. Member names match :class:`LookupResult`'s.
+    """
+
+    MISS = 0
+    HIT = 1
+    HIT_PENDING = 2
+    RETRY = 3
+
+    @property
+    def result(self) -> LookupResult:
+        """The :class:`LookupResult` this code stands for."""
+        return LookupResult[self.name]
+
+    @classmethod
+    def of(cls, result: LookupResult) -> LookupCode:
+        """The code of ``result``."""
+        return cls[result.name]
 
 
 @dataclass(frozen=True, slots=True)

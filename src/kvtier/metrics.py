@@ -3,35 +3,54 @@
 The engine never imports this module: metrics are read from ``engine.stats()`` at scrape time by a
 custom collector, so the exported counters are the engine's own counters (no second count that could
 drift, no cost on the hot path), and ``replay`` reports and Prometheus agree by construction.
-``prometheus_client`` is imported only when a collector or exporter is created (extra ``cli``).
+``prometheus_client`` is imported only when a collector or exporter is created (extra ``metrics``).
 
-Exported families (``tier`` is ``"primary"`` or a secondary tier's name):
+Exported families (``tier`` is ``"primary"`` or a secondary tier's name). :data:`METRICS` lists them
+(name, type, labels); a family whose source the engine does not report has no samples but keeps its
+name, so dashboards and alerts never change when the engine starts reporting it.
 
-=========================================  =======  ==============================================
-name                                        type     labels / meaning
-=========================================  =======  ==============================================
-``kvtier_lookups_total``                   counter  block keys looked up in the engine
-``kvtier_tier_lookups_total``              counter  ``tier``: keys asked of that tier
-``kvtier_hits_total``                      counter  ``tier``: keys found in that tier
-``kvtier_bytes_total``                     counter  ``tier``, ``direction`` = ``read`` (tier →
-                                                    primary) or ``write`` (primary → tier)
-``kvtier_transfer_seconds_total``          counter  ``tier``, ``direction``: time spent in jobs
-``kvtier_evictions_total``                 counter  ``tier``
-``kvtier_corrupt_blocks_total``            counter  ``tier``: blocks that failed verification
-``kvtier_dropped_stores_total``            counter  ``tier``: stores given up (full, pinned, error)
-``kvtier_failed_jobs_total``               counter  ``tier``
-``kvtier_inflight_jobs``                   gauge    ``tier`` (or ``all``): submitted, not reported
-``kvtier_primary_resident_blocks``         gauge    blocks held in the primary tier
-``kvtier_primary_slots``                   gauge    primary tier capacity in blocks
-=========================================  =======  ==============================================
+==========================================  =========  ==============================================
+name                                         type       labels / meaning
+==========================================  =========  ==============================================
+``kvtier_build_info``                        gauge      ``version``, ``python``: always 1
+``kvtier_lookups_total``                    counter    block keys looked up in the engine
+``kvtier_tier_lookups_total``               counter    ``tier``: keys asked of that tier
+``kvtier_hits_total``                       counter    ``tier``: keys found in that tier
+``kvtier_bytes_total``                      counter    ``tier``, ``direction`` = ``read`` (tier →
+                                                       primary) or ``write`` (primary → tier)
+``kvtier_transfer_seconds_total``           counter    ``tier``, ``direction``: time spent in jobs
+                                                       (tiers whose job times the engine reports)
+``kvtier_operation_duration_seconds``       histogram  ``tier``, ``operation``: latency of each
+                                                       operation (from ``stats()["latency"]``)
+``kvtier_evictions_total``                  counter    ``tier``
+``kvtier_corrupt_blocks_total``             counter    ``tier``: blocks that failed verification
+``kvtier_dropped_stores_total``             counter    ``tier``: stores given up (full, pinned, error)
+``kvtier_failed_jobs_total``                counter    ``tier``
+``kvtier_tier_errors_total``                counter    ``tier``: tier calls that raised (per tier)
+``kvtier_promotions_total``                 counter    ``tier``: blocks promoted from that tier
+``kvtier_inflight_jobs``                    gauge      ``tier``: jobs submitted, not reported
+``kvtier_tier_used_bytes``                  gauge      ``tier``: bytes held (primary: resident slots)
+``kvtier_tier_max_bytes``                   gauge      ``tier``: capacity in bytes
+``kvtier_primary_resident_blocks``          gauge      blocks held in the primary tier
+``kvtier_primary_slots``                    gauge      primary tier capacity in blocks
+``kvtier_engine_inflight_jobs``             gauge      all tier jobs in flight (admission budget)
+``kvtier_engine_inflight_promotions``       gauge      promotion jobs in flight
+``kvtier_engine_deferred_stores``           gauge      store jobs waiting for the in-flight budget
+``kvtier_engine_throttled_stores_total``    counter    stores to tiers given up by the budget
+``kvtier_engine_tier_errors_total``         counter    tier calls that raised, all tiers
+``kvtier_engine_promotions_total``          counter    ``result`` = ``started``, ``failed``,
+                                                       ``rejected`` (budget), ``skipped_cost``
+==========================================  =========  ==============================================
 
 Start an exporter with :func:`start_exporter` (``kvtier serve --metrics-port``, ``kvtier replay
 --metrics-port``, or config ``metrics_port`` via :func:`exporter_from_config`). It binds 127.0.0.1
-unless told otherwise.
+unless told otherwise. To add kvtier's families to a process's existing ``/metrics`` (vLLM's
+serves ``prometheus_client.REGISTRY``), call :func:`register_collector` with that registry.
 """
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,13 +61,43 @@ if TYPE_CHECKING:
     from kvtier.config import KvtierConfig
 
 __all__ = [
+    "METRICS",
     "EngineCollector",
     "MetricsExporter",
     "StatsSource",
     "exporter_from_config",
+    "register_collector",
     "start_exporter",
     "tier_counters",
 ]
+
+#: Every exported family: (name as exposed, type, labels besides const labels). Final names.
+METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("kvtier_build_info", "gauge", ("version", "python")),
+    ("kvtier_lookups_total", "counter", ()),
+    ("kvtier_tier_lookups_total", "counter", ("tier",)),
+    ("kvtier_hits_total", "counter", ("tier",)),
+    ("kvtier_bytes_total", "counter", ("tier", "direction")),
+    ("kvtier_transfer_seconds_total", "counter", ("tier", "direction")),
+    ("kvtier_operation_duration_seconds", "histogram", ("tier", "operation")),
+    ("kvtier_evictions_total", "counter", ("tier",)),
+    ("kvtier_corrupt_blocks_total", "counter", ("tier",)),
+    ("kvtier_dropped_stores_total", "counter", ("tier",)),
+    ("kvtier_failed_jobs_total", "counter", ("tier",)),
+    ("kvtier_tier_errors_total", "counter", ("tier",)),
+    ("kvtier_promotions_total", "counter", ("tier",)),
+    ("kvtier_inflight_jobs", "gauge", ("tier",)),
+    ("kvtier_tier_used_bytes", "gauge", ("tier",)),
+    ("kvtier_tier_max_bytes", "gauge", ("tier",)),
+    ("kvtier_primary_resident_blocks", "gauge", ()),
+    ("kvtier_primary_slots", "gauge", ()),
+    ("kvtier_engine_inflight_jobs", "gauge", ()),
+    ("kvtier_engine_inflight_promotions", "gauge", ()),
+    ("kvtier_engine_deferred_stores", "gauge", ()),
+    ("kvtier_engine_throttled_stores_total", "counter", ()),
+    ("kvtier_engine_tier_errors_total", "counter", ()),
+    ("kvtier_engine_promotions_total", "counter", ("result",)),
+)
 
 StatsFn = Callable[[], Mapping[str, Any]]
 
@@ -120,26 +169,58 @@ def tier_counters(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _inflight(stats: Mapping[str, Any]) -> dict[str, float]:
-    raw = stats.get("inflight_jobs", stats.get("jobs_inflight", stats.get("in_flight_jobs")))
-    if isinstance(raw, Mapping):
-        return {str(k): _num(v) for k, v in raw.items()}
-    if raw is not None:
-        return {"all": _num(raw)}
-    out: dict[str, float] = {}
+def _tier_gauge(t: Mapping[str, Any], *names: str) -> float | None:
+    """The first of ``names`` present in a tier's stats, else ``None`` (the series is left out)."""
+    for n in names:
+        if n in t:
+            return _num(t[n])
+    return None
+
+
+def _secondary(stats: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     tiers = stats.get("tiers", {})
-    if isinstance(tiers, Mapping):
-        for name, t in tiers.items():
-            if isinstance(t, Mapping) and ("inflight_jobs" in t or "in_flight_jobs" in t):
-                out[str(name)] = _first(t, "inflight_jobs", "in_flight_jobs")
-    return out
+    if not isinstance(tiers, Mapping):
+        return {}
+    return {str(k): v for k, v in tiers.items() if isinstance(v, Mapping)}
+
+
+def _histograms(stats: Mapping[str, Any]) -> Iterator[tuple[str, str, list[tuple[str, float]], float]]:
+    """``(tier, operation, cumulative buckets, sum)`` from ``stats["latency"]``.
+
+    The engine reports ``latency = {tier: {operation: {"buckets": [[upper_bound_seconds,
+    cumulative_count], ...], "sum": seconds, "count": n}}}``; the ``+Inf`` bucket is ``count``. A
+    malformed entry is skipped (a scrape never fails on one).
+    """
+    latency = stats.get("latency", {})
+    if not isinstance(latency, Mapping):
+        return
+    for tier, ops in latency.items():
+        if not isinstance(ops, Mapping):
+            continue
+        for op, h in ops.items():
+            if not isinstance(h, Mapping):
+                continue
+            try:
+                bounds = sorted((float(le), float(n)) for le, n in h.get("buckets", []))
+                count = float(h.get("count", bounds[-1][1] if bounds else 0))
+                total = float(h.get("sum", 0.0))
+            except (TypeError, ValueError, IndexError):
+                continue
+            buckets = [(repr(le), n) for le, n in bounds if le != float("inf")]
+            buckets.append(("+Inf", count))
+            yield str(tier), str(op), buckets, total
+
+
+def _primary_bytes(primary: Mapping[str, Any]) -> tuple[float, float]:
+    stride = _first(primary, "row_stride", "block_bytes")
+    return _first(primary, "resident") * stride, _first(primary, "num_slots") * stride
 
 
 def _require_prometheus() -> Any:
     try:
         import prometheus_client
-    except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("metrics need prometheus_client: pip install 'kvtier[cli]'") from exc
+    except ImportError as exc:  # pragma: no cover - installed with the metrics extra
+        raise KvtierError("metrics need prometheus_client: pip install 'kvtier[metrics]'") from exc
     return prometheus_client
 
 
@@ -147,12 +228,26 @@ class EngineCollector:
     """A ``prometheus_client`` collector reading ``stats()`` of one engine at each scrape.
 
     ``const_labels`` are added to every sample (e.g. ``{"instance": "replay"}``). A stats call that
-    raises yields no samples for that scrape (a cache never breaks its scraper).
+    raises yields no samples for that scrape (a cache never breaks its scraper). Tier capacities the
+    stats do not carry (``max_bytes``) are read once from each tier's ``config_info()`` when the
+    source is an engine with ``tiers``.
     """
 
     def __init__(self, source: StatsSource | StatsFn, const_labels: Mapping[str, str] | None = None) -> None:
         self._stats: StatsFn = source.stats if hasattr(source, "stats") else source
         self._labels = dict(const_labels or {})
+        self._max_bytes: dict[str, float] = {}
+        for tier in getattr(source, "tiers", None) or []:
+            try:
+                info = tier.config_info()
+                if isinstance(info.get("max_bytes"), int | float):
+                    self._max_bytes[str(tier.name)] = float(info["max_bytes"])
+            except Exception:
+                continue  # a tier without config_info simply has no max_bytes series
+
+    def _tier_max(self, name: str, t: Mapping[str, Any]) -> float | None:
+        reported = _tier_gauge(t, "max_bytes", "capacity_bytes")
+        return reported if reported is not None else self._max_bytes.get(name)
 
     def describe(self) -> list[Any]:
         # Returning nothing keeps registration from calling stats() (the engine may not be ready).
@@ -168,23 +263,81 @@ class EngineCollector:
         ln = list(self._labels)
         lv = list(self._labels.values())
         tiers = tier_counters(stats)
+        secondary = _secondary(stats)
+        primary = stats.get("primary", {})
+        primary = primary if isinstance(primary, Mapping) else {}
 
-        lookups = fams.CounterMetricFamily("kvtier_lookups", "Block keys looked up in the engine", labels=ln)
-        lookups.add_metric(lv, _num(stats.get("lookups")))
-        yield lookups
+        from kvtier import __version__
 
-        def per_tier(name: str, doc: str, key: str) -> Any:
-            fam = fams.CounterMetricFamily(name, doc, labels=[*ln, "tier"])
-            for tier, c in tiers.items():
-                fam.add_metric([*lv, tier], c[key])
+        build = fams.GaugeMetricFamily(
+            "kvtier_build_info",
+            "kvtier version and Python version (always 1)",
+            labels=[*ln, "version", "python"],
+        )
+        build.add_metric([*lv, __version__, platform.python_version()], 1.0)
+        yield build
+
+        def single(kind: str, name: str, doc: str, value: float) -> Any:
+            cls = fams.CounterMetricFamily if kind == "counter" else fams.GaugeMetricFamily
+            fam = cls(name, doc, labels=ln)
+            fam.add_metric(lv, value)
             return fam
 
-        yield per_tier("kvtier_tier_lookups", "Keys asked of each tier", "lookups")
-        yield per_tier("kvtier_hits", "Keys found in each tier", "hits")
-        yield per_tier("kvtier_evictions", "Blocks evicted from each tier", "evictions")
-        yield per_tier("kvtier_corrupt_blocks", "Blocks that failed verification", "corrupt")
-        yield per_tier("kvtier_dropped_stores", "Stores given up", "dropped_stores")
-        yield per_tier("kvtier_failed_jobs", "Transfer jobs that failed", "failed_jobs")
+        yield single(
+            "counter", "kvtier_lookups", "Block keys looked up in the engine", _num(stats.get("lookups"))
+        )
+
+        def per_tier(kind: str, name: str, doc: str, values: Mapping[str, float | None]) -> Any:
+            cls = fams.CounterMetricFamily if kind == "counter" else fams.GaugeMetricFamily
+            fam = cls(name, doc, labels=[*ln, "tier"])
+            for tier, v in values.items():
+                if v is not None:
+                    fam.add_metric([*lv, tier], v)
+            return fam
+
+        def column(key: str) -> dict[str, float | None]:
+            return {tier: c[key] for tier, c in tiers.items()}
+
+        yield per_tier("counter", "kvtier_tier_lookups", "Keys asked of each tier", column("lookups"))
+        yield per_tier("counter", "kvtier_hits", "Keys found in each tier", column("hits"))
+        yield per_tier("counter", "kvtier_evictions", "Blocks evicted from each tier", column("evictions"))
+        yield per_tier(
+            "counter", "kvtier_corrupt_blocks", "Blocks that failed verification", column("corrupt")
+        )
+        yield per_tier("counter", "kvtier_dropped_stores", "Stores given up", column("dropped_stores"))
+        yield per_tier("counter", "kvtier_failed_jobs", "Transfer jobs that failed", column("failed_jobs"))
+        yield per_tier(
+            "counter",
+            "kvtier_tier_errors",
+            "Tier calls that raised (each answered as a miss)",
+            {n: _tier_gauge(t, "errors", "tier_errors") for n, t in secondary.items()},
+        )
+        yield per_tier(
+            "counter",
+            "kvtier_promotions",
+            "Blocks promoted into the primary tier from each tier",
+            {n: _tier_gauge(t, "promotions", "loads") for n, t in secondary.items()},
+        )
+        yield per_tier(
+            "gauge",
+            "kvtier_inflight_jobs",
+            "Transfer jobs submitted to each tier and not yet reported",
+            {n: _tier_gauge(t, "inflight_jobs", "in_flight_jobs") for n, t in secondary.items()},
+        )
+        used, cap = _primary_bytes(primary)
+        yield per_tier(
+            "gauge",
+            "kvtier_tier_used_bytes",
+            "Bytes held by each tier (primary: resident slots x row stride)",
+            {"primary": used if primary else None}
+            | {n: _tier_gauge(t, "used_bytes", "index_bytes") for n, t in secondary.items()},
+        )
+        yield per_tier(
+            "gauge",
+            "kvtier_tier_max_bytes",
+            "Capacity of each tier in bytes",
+            {"primary": cap if primary else None} | {n: self._tier_max(n, t) for n, t in secondary.items()},
+        )
 
         nbytes = fams.CounterMetricFamily(
             "kvtier_bytes", "Bytes moved per tier and direction", labels=[*ln, "tier", "direction"]
@@ -197,30 +350,79 @@ class EngineCollector:
         for tier, c in tiers.items():
             nbytes.add_metric([*lv, tier, "read"], c["bytes_read"])
             nbytes.add_metric([*lv, tier, "write"], c["bytes_written"])
-            secs.add_metric([*lv, tier, "read"], c["read_seconds"])
-            secs.add_metric([*lv, tier, "write"], c["write_seconds"])
+            # Only where job times are reported: a constant 0 would read as "infinitely fast".
+            raw = primary if tier == "primary" else secondary.get(tier, {})
+            if _tier_gauge(raw, "read_seconds", "load_seconds") is not None:
+                secs.add_metric([*lv, tier, "read"], c["read_seconds"])
+            if _tier_gauge(raw, "write_seconds", "store_seconds") is not None:
+                secs.add_metric([*lv, tier, "write"], c["write_seconds"])
         yield nbytes
         yield secs
 
-        inflight = fams.GaugeMetricFamily(
-            "kvtier_inflight_jobs", "Transfer jobs submitted and not yet reported", labels=[*ln, "tier"]
+        hist = fams.HistogramMetricFamily(
+            "kvtier_operation_duration_seconds",
+            "Latency of each operation per tier",
+            labels=[*ln, "tier", "operation"],
         )
-        for tier, v in _inflight(stats).items():
-            inflight.add_metric([*lv, tier], v)
-        yield inflight
+        for tier, op, buckets, total in _histograms(stats):
+            hist.add_metric([*lv, tier, op], buckets, total)
+        yield hist
 
-        primary = stats.get("primary", {})
-        if isinstance(primary, Mapping):
-            resident = fams.GaugeMetricFamily(
-                "kvtier_primary_resident_blocks", "Blocks held in the primary tier", labels=ln
-            )
-            resident.add_metric(lv, _first(primary, "resident", "resident_blocks", "used_slots"))
-            yield resident
-            slots = fams.GaugeMetricFamily(
-                "kvtier_primary_slots", "Primary tier capacity in blocks", labels=ln
-            )
-            slots.add_metric(lv, _first(primary, "num_slots", "slots", "capacity"))
-            yield slots
+        yield single(
+            "gauge", "kvtier_primary_resident_blocks", "Blocks held in the primary tier",
+            _first(primary, "resident", "resident_blocks", "used_slots"),
+        )  # fmt: skip
+        yield single(
+            "gauge", "kvtier_primary_slots", "Primary tier capacity in blocks",
+            _first(primary, "num_slots", "slots", "capacity"),
+        )  # fmt: skip
+        yield single(
+            "gauge", "kvtier_engine_inflight_jobs", "Tier jobs in flight, all tiers (the admission budget)",
+            _num(stats.get("jobs_inflight", stats.get("inflight_jobs"))),
+        )  # fmt: skip
+        yield single(
+            "gauge", "kvtier_engine_inflight_promotions", "Promotion jobs in flight",
+            _num(stats.get("promotions_inflight")),
+        )  # fmt: skip
+        yield single(
+            "gauge", "kvtier_engine_deferred_stores", "Store jobs waiting for the in-flight budget",
+            _num(stats.get("deferred_stores")),
+        )  # fmt: skip
+        yield single(
+            "counter", "kvtier_engine_throttled_stores", "Blocks whose tier store the job budget gave up",
+            _num(stats.get("tier_stores_dropped")),
+        )  # fmt: skip
+        yield single(
+            "counter", "kvtier_engine_tier_errors", "Tier calls that raised, all tiers",
+            _num(stats.get("tier_errors")),
+        )  # fmt: skip
+        promos = fams.CounterMetricFamily(
+            "kvtier_engine_promotions", "Promotions by result", labels=[*ln, "result"]
+        )
+        for result, key in (
+            ("started", "promotions"),
+            ("failed", "promotions_failed"),
+            ("rejected", "promotions_rejected"),
+            ("skipped_cost", "promotions_skipped_cost"),
+        ):
+            promos.add_metric([*lv, result], _num(stats.get(key)))
+        yield promos
+
+
+def register_collector(
+    source: StatsSource | StatsFn, registry: Any = None, const_labels: Mapping[str, str] | None = None
+) -> EngineCollector:
+    """Add ``source``'s families to ``registry`` (default: ``prometheus_client.REGISTRY``).
+
+    For a process that already serves ``/metrics`` — vLLM's API server serves the default
+    registry — this puts kvtier's series next to the host's without a second port. Unregister with
+    ``registry.unregister(collector)`` before the engine closes. Names never collide with another
+    collector's (every name starts with ``kvtier_``).
+    """
+    pc = _require_prometheus()
+    collector = EngineCollector(source, const_labels)
+    (pc.REGISTRY if registry is None else registry).register(collector)
+    return collector
 
 
 class MetricsExporter:

@@ -59,7 +59,11 @@ class SlotState(enum.IntEnum):
     FLUSHING = 3
 
 
-_FREE, _WRITING, _READY, _FLUSHING = 0, 1, 2, 3
+# Plain ints derived once from SlotState: the per-block loops compare exact ints (which CPython
+# specialises) and store them into the ``states`` bytearray.
+_FREE, _WRITING, _READY, _FLUSHING = (
+    int(SlotState.FREE), int(SlotState.WRITING), int(SlotState.READY), int(SlotState.FLUSHING)
+)  # fmt: skip
 
 
 class PrimaryTier:
@@ -115,7 +119,9 @@ class PrimaryTier:
         self.pins = array.array("i", bytes(4 * n))
         self.hits = array.array("i", bytes(4 * n))
         # 1 once the block has been handed to (or came from) the secondary tiers; write-back frees
-        # such victims at once instead of flushing them again.
+        # such victims at once instead of flushing them again. ``hits`` and ``persisted`` are set
+        # only by the engine's :class:`~kvtier.engine.writes.Residency` (the one owner of "which
+        # block is in the tiers"); this class reads them and clears them when a slot is freed.
         self.persisted = bytearray(n)
         self.states_np = np.frombuffer(self.states, dtype=np.uint8)
         self.pins_np = np.frombuffer(self.pins, dtype=np.int32)
@@ -282,8 +288,6 @@ class PrimaryTier:
         keys: Sequence[BlockKey],
         slots: Sequence[int] | I32,
         infos: Sequence[BlockInfo | None] | None = None,
-        *,
-        persisted: bool = False,
     ) -> None:
         """WRITING -> READY for ``slots`` (holding ``keys``) and insert them into the policy."""
         sl = slots if type(slots) is list else _ints(slots)
@@ -293,10 +297,6 @@ class PrimaryTier:
                 raise MisuseError("commit of a slot that is not WRITING (completed twice?)")
         for s in sl:
             states[s] = _READY
-        if persisted:
-            p = self.persisted
-            for s in sl:
-                p[s] = 1
         if sl:
             self.policy.insert_many(keys, infos)
             self._in_policy += len(sl)

@@ -150,16 +150,16 @@ def cost_cfg(tiers: dict[str, dict[str, Any]], slots: int = 8, ntiers: int = 1) 
 
 def test_no_cost_model_means_no_gate() -> None:
     with Engine(cfg(4, secondary_tiers=[{"type": "example"}])) as e:
-        assert e.jobs.cost is None
+        assert e.admission.cost is None
     # A cost model without tiers to gate is not built either.
     with Engine(cfg(4, cost_model={"tokens_per_block": TPB})) as e:
-        assert e.jobs.cost is None
+        assert e.admission.cost is None
 
 
 def test_tier_slower_than_recompute_is_skipped_miss_and_counted() -> None:
     # 1 kB/s: a 4 KiB block takes 4 s to load versus 1.6 ms to recompute.
     with Engine(cost_cfg({"example0": {"load_bandwidth": 1000, "load_latency": 0.0}})) as e:
-        assert e.jobs.cost is not None and e.jobs.cost.min_blocks_to_load("example0") is None
+        assert e.admission.cost is not None and e.admission.cost.min_blocks_to_load("example0") is None
         keys = [K(i) for i in range(5)]
         evict_to_tier(e, keys)
         submitted = e.stats()["jobs_submitted"]
@@ -187,7 +187,7 @@ def test_tier_faster_than_recompute_is_promoted() -> None:
 def test_latency_bound_tier_is_loaded_only_in_batches_that_pay() -> None:
     # Transfer is free, each job costs 4 ms: 3 blocks (4.8 ms of prefill) pay, 2 (3.2 ms) do not.
     with Engine(cost_cfg({"example0": {"load_bandwidth": 1e15, "load_latency": 4e-3}})) as e:
-        assert e.jobs.cost is not None and e.jobs.cost.min_blocks_to_load("example0") == 3
+        assert e.admission.cost is not None and e.admission.cost.min_blocks_to_load("example0") == 3
         keys = [K(i) for i in range(5)]
         evict_to_tier(e, keys)
         assert e.lookup(keys[:2]).results == [MISS, MISS]
@@ -217,7 +217,7 @@ def test_a_skipped_tier_falls_through_to_the_next_tier() -> None:
 
 def test_tiers_not_named_in_the_model_use_their_medium_defaults() -> None:
     with Engine(cost_cfg({})) as e:
-        cm = e.jobs.cost
+        cm = e.admission.cost
         assert cm is not None and cm.tier("example0").source == "default"
         # CPU default (5 GB/s, 10 us) loads one 4 KiB block far faster than 1.6 ms of prefill.
         assert cm.min_blocks_to_load("example0") == 1

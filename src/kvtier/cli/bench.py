@@ -11,12 +11,15 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run"]
+from kvtier.cli import args as types
+
+__all__ = ["add_parser", "bench_tables", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,9 +30,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Measure the primary tier and every configured tier against their physical references.",
     )
     p.add_argument("--config", "-c", help="config file or JSON string; default: RAM + temporary fs tier")
-    p.add_argument("--blocks", type=int, default=256, help="blocks per batch (default 256)")
-    p.add_argument("--block-bytes", type=int, help="bytes per block (default: the config's block_bytes)")
-    p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
+    p.add_argument("--blocks", type=types.positive_int, default=256, help="blocks per batch (default 256)")
+    p.add_argument(
+        "--block-bytes",
+        type=types.size,
+        help="bytes per block, e.g. 65536 or 64KiB (default: the config's block_bytes)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=types.positive_int,
+        default=3,
+        help="best of N (default 3; use 5 or more for figures you quote)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -40,54 +52,57 @@ def _rate(bps: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvtier bench``; returns the exit code."""
-    from kvtier.config import load_config
-    from kvtier.errors import ConfigError
+    from kvtier.config_layers import CONFIG_ENV, resolve_config
     from kvtier.sim.defaults import default_config
     from kvtier.sim.tierbench import run_bench
 
-    if args.blocks < 1 or args.repeats < 1:
-        raise ConfigError("--blocks", "--blocks and --repeats must be >= 1")
     with contextlib.ExitStack() as stack:
-        if args.config:
-            config = load_config(args.config)
-        else:
+        fallback = None
+        if not (args.config or os.environ.get(CONFIG_ENV, "").strip()):
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-bench-"))
-            config = load_config(
-                default_config(Path(tmp) / "fs0", block_bytes=args.block_bytes or 256 * 1024)
-            )
+            fallback = default_config(Path(tmp) / "fs0", block_bytes=args.block_bytes or 256 * 1024)
+        config = resolve_config(args.config or None, fallback=fallback).config
         if args.block_bytes is not None:
-            if args.block_bytes < 1:
-                raise ConfigError("--block-bytes", f"must be >= 1, got {args.block_bytes}")
             config = dataclasses.replace(config, block_bytes=args.block_bytes)
         report = run_bench(config, blocks=args.blocks, repeats=args.repeats)
     bad = [t["name"] for t in report["tiers"] if not t.get("verified", True)]
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        from kvtier.cli.output import emit
 
-        table = Table(title=f"kvtier bench — {report['blocks']} blocks of {report['block_bytes']:,} bytes")
-        for col in ("tier", "medium", "store", "load", "load latency", "reference", "ref store", "ref load",
-                    "store ratio", "load ratio"):  # fmt: skip
-            table.add_column(col, justify="left" if col in ("tier", "medium", "reference") else "right")
-        for t in report["tiers"]:
-            ref = t.get("reference") or {}
-            r = t.get("ratios") or {}
-            table.add_row(
-                t["name"],
-                t["medium"],
-                _rate(t["store_bytes_per_s"]),
-                _rate(t["load_bytes_per_s"]),
-                f"{t['load_latency_s'] * 1e6:.0f} us",
-                ref.get("kind", "-"),
-                _rate(ref["store_bytes_per_s"]) if ref else "-",
-                _rate(ref["load_bytes_per_s"]) if ref else "-",
-                f"{r['store']:.2f}" if r else "-",
-                f"{r['load']:.2f}" if r else "-",
-            )
-        Console(width=None if sys.stdout.isatty() else 120).print(table)
+        emit(bench_tables(report))
     if bad:
         print(f"VerifyError: tier(s) {', '.join(bad)} returned wrong bytes", file=sys.stderr)
         return 1
     return 0
+
+
+def bench_tables(report: dict[str, Any]) -> list[Any]:
+    """The ``kvtier bench`` table: each tier's rates beside its reference, and the ratios."""
+    from kvtier.cli.output import TextTable
+
+    cols = ["tier", "medium", "store", "load", "load latency", "reference", "ref store", "ref load",
+            "store ratio", "load ratio"]  # fmt: skip
+    table = TextTable(
+        f"kvtier bench — {report['blocks']} blocks of {report['block_bytes']:,} bytes, best of "
+        f"{report.get('repeats', '?')}",
+        cols,
+        right=frozenset(cols) - {"tier", "medium", "reference"},
+    )
+    for t in report["tiers"]:
+        ref = t.get("reference") or {}
+        r = t.get("ratios") or {}
+        table.add_row(
+            t["name"],
+            t["medium"],
+            _rate(t["store_bytes_per_s"]),
+            _rate(t["load_bytes_per_s"]),
+            f"{t['load_latency_s'] * 1e6:.0f} us",
+            ref.get("kind", "-"),
+            _rate(ref["store_bytes_per_s"]) if ref else "-",
+            _rate(ref["load_bytes_per_s"]) if ref else "-",
+            f"{r['store']:.2f}" if r else "-",
+            f"{r['load']:.2f}" if r else "-",
+        )
+    return [table]

@@ -8,8 +8,15 @@ tier (out-of-tree ones too, through the registry and the ``plugins`` trust bound
 buffer of two slots; round-trip one random block through each tier (store, lookup, load, compare
 bytes); shut the tiers down and print a table.
 
-The probe block is stored under the namespace ``kvtier-check`` with a random key, so it never
-collides with serving data; persistent tiers keep it until their own eviction removes it.
+The probe block is stored with a random key under a namespace of its own per block size
+(``kvtier-check-<block_bytes>``, :func:`check_namespace`), so it never collides with serving data and
+re-checking a root with another ``block_bytes`` works; afterwards a tier that exposes its namespace
+directory (``config_info()["ns_dir"]``, the ``fs`` tier) has that directory removed, so a check
+leaves nothing behind.
+
+The config is resolved through :mod:`kvtier.config_layers` (defaults < CONFIG or ``KVTIER_CONFIG`` <
+``KVTIER_*`` environment); ``--show-config`` prints the merged values and their origins, secrets
+redacted, and checks nothing.
 
 Exit codes: 0 every tier round-tripped; 1 a tier failed its round trip; 2 bad config (one line
 ``ErrorType: message`` naming the key).
@@ -24,9 +31,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHECK_NAMESPACE", "TierCheck", "add_parser", "check_config", "run"]
+from kvtier.cli.args import duration
 
+__all__ = ["CHECK_NAMESPACE", "TierCheck", "add_parser", "check_config", "check_namespace", "run"]
+
+#: Prefix of the probe namespaces (one per block size).
 CHECK_NAMESPACE = "kvtier-check"
+
+
+def check_namespace(block_bytes: int) -> str:
+    """The probe namespace for ``block_bytes`` (a persistent tier records one block size per namespace)."""
+    return f"{CHECK_NAMESPACE}-{block_bytes}"
 
 
 @dataclass
@@ -65,9 +80,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "2 bad config."
         ),
     )
-    p.add_argument("config", metavar="CONFIG", help="config file (.json, .yaml) or a JSON string")
+    p.add_argument(
+        "config",
+        metavar="CONFIG",
+        nargs="?",
+        help="config file (.json, .yaml) or a JSON string (default: $KVTIER_CONFIG, else defaults)",
+    )
+    p.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the merged config with each value's origin (secrets redacted) and exit",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each tier job")
+    p.add_argument("--timeout", type=duration, default=30.0, help="seconds to wait for each tier job")
     return p
 
 
@@ -132,7 +157,7 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     policy = spec.create_policy(max(1, spec.num_primary_slots))
     # Two slots are enough for a round trip; the real buffer is never allocated here.
     rows = np.zeros((2, cfg.row_stride), dtype=np.uint8)
-    contexts = tier_contexts(cfg, namespace=CHECK_NAMESPACE)
+    contexts = tier_contexts(cfg, namespace=check_namespace(cfg.block_bytes))
     tiers = spec.create_tiers(rows.data, contexts)
     checks: list[TierCheck] = []
     try:
@@ -153,6 +178,7 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
                 for check in checks:
                     if check.name == tier.name and check.error is None:
                         check.ok, check.error = False, f"shutdown failed: {error_line(exc)}"
+            _remove_probe_namespace(tier, check_namespace(cfg.block_bytes))
     spec_cls, policy_cls = type(spec), type(policy)
     return {
         "ok": all(c.ok for c in checks),
@@ -174,19 +200,37 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     }
 
 
+def _remove_probe_namespace(tier: Any, namespace: str) -> None:
+    """Delete the probe namespace directory of a shut-down tier, if it says where it is."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        ns_dir = tier.config_info().get("ns_dir")
+    except Exception:
+        return
+    # Only a directory that is one of ours by name: never anything a misreporting tier points at.
+    if isinstance(ns_dir, str) and Path(ns_dir).name == namespace:
+        shutil.rmtree(ns_dir, ignore_errors=True)
+
+
 def _fmt_seconds(s: float | None) -> str:
     return "-" if s is None else f"{s * 1000:.2f} ms"
 
 
 def run(args: argparse.Namespace) -> int:
     from kvtier.cli.main import print_table
+    from kvtier.config_layers import resolve_config
 
-    report = check_config(args.config, timeout=args.timeout)
+    resolved = resolve_config(args.config)
+    if args.show_config:
+        return _show_config(resolved, args.json)
+    report = check_config(resolved.config, timeout=args.timeout)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         p, pol, spec = report["primary"], report["policy"], report["spec"]
-        source = "(JSON string)" if str(args.config).lstrip().startswith("{") else args.config
+        source = resolved.file or ("(JSON string)" if args.config else "(defaults)")
         print(f"config: {source}")
         print(f"spec:   {spec['name']} ({spec['target']})")
         print(f"policy: {pol['name']} ({pol['target']}), capacity {pol['capacity']} blocks")
@@ -213,3 +257,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"vLLM's own tiers (built by vLLM, not checked): {', '.join(report['vllm_tiers'])}")
         print("OK" if report["ok"] else "FAILED: a tier did not round-trip its probe block")
     return 0 if report["ok"] else 1
+
+
+def _show_config(resolved: Any, as_json: bool) -> int:
+    from kvtier.cli.main import print_table
+
+    rows = resolved.show()
+    if as_json:
+        shown = {k: {"value": v if v == "<redacted>" else json.loads(v), "origin": o} for k, v, o in rows}
+        print(json.dumps(shown, indent=2))  # fmt: skip
+    else:
+        title = "merged config (defaults < file < KVTIER_* env < arguments)"
+        print_table(title, ["key", "value", "origin"], rows)
+    return 0

@@ -7,6 +7,9 @@ heavy dependencies are imported inside ``run``.
 
 Exit codes (all commands): 0 success; 1 the command ran and found a problem (e.g. a failed round
 trip); 2 bad input (config, arguments), printed as one line ``ErrorType: message``; 130 interrupted.
+Output closed early by the reader (``kvtier replay | head -1``) is success: exit 0, nothing on stderr.
+Output goes through :mod:`kvtier.cli.output` (plain text without ``rich``); option values use the
+types in :mod:`kvtier.cli.args` (size strings, ports, durations). ``python -m kvtier`` runs ``main``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def _load(name: str) -> ModuleType | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (every available subcommand registered)."""
-    parser = argparse.ArgumentParser(
+    from kvtier.cli.args import OneLineParser
+
+    parser = OneLineParser(
         prog="kvtier",
         description="Tiered, pluggable KV-cache offloading for LLM inference: inspect, check, replay.",
     )
@@ -80,14 +85,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code = run(args)
+        sys.stdout.flush()  # inside the try: a reader gone before the last flush is the same case
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # `kvtier ... | head`: the reader left; stop quietly (no message, no flush error at exit).
+        # `kvtier ... | head`: the reader took what it wanted; that is success, not an error. Point
+        # stdout at /dev/null so the interpreter's own flush at exit cannot fail and print either.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 141
+        return 0
     except KvtierError as exc:
         print(error_line(exc), file=sys.stderr)
         return 2
@@ -101,25 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """Print a table to stdout: with rich when it is installed, aligned plain text otherwise."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max([len(col)] + [len(r[i]) for r in cells]) for i, col in enumerate(columns)]
-        print(title)
-        print("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)).rstrip())
-        print("  ".join("-" * w for w in widths))
-        for r in cells:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        return
-    table = Table(title=title, title_justify="left")
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for r in cells:
-        table.add_row(*r)
-    # Wide enough that import targets are not folded when stdout is a pipe.
-    Console(width=None if sys.stdout.isatty() else 200, highlight=False).print(table)
+    from kvtier.cli.output import TextTable, emit
+
+    table = TextTable(title, columns)
+    for row in rows:
+        table.add_row(*row)
+    emit([table])
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m kvtier.cli.main

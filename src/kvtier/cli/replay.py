@@ -13,12 +13,14 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli import args as types
 from kvtier.errors import ConfigError, KvtierError
 
 __all__ = ["add_parser", "run"]
@@ -47,13 +49,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--simulate", action="store_true", help="metadata only, virtual clock, same engine")
     p.add_argument("--policy", help="eviction policy (comma-separated list with --sweep)")
     p.add_argument("--capacity", help="primary capacity: 1%% of unique blocks, 1827 blocks or 64MiB")
-    p.add_argument("--block-bytes", type=int, help="synthetic payload bytes per block (keeps the slot count)")
-    p.add_argument("--tokens-per-block", type=int, default=512, help="tokens per trace block (default 512)")
-    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument(
+        "--block-bytes",
+        type=types.size,
+        help="synthetic payload bytes per block, e.g. 4096 or 4KiB (keeps the slot count)",
+    )
+    p.add_argument(
+        "--tokens-per-block",
+        type=types.positive_int,
+        default=512,
+        help="tokens per trace block (default 512)",
+    )
+    p.add_argument("--limit", type=types.positive_int, help="replay only the first N requests")
     p.add_argument("--sweep", action="store_true", help="capacity x policy sweep (simulate) with OPT")
     p.add_argument("--plot", metavar="PNG", help="write hit ratio vs capacity plot (implies --sweep)")
-    p.add_argument("--opt", action=argparse.BooleanOptionalAction, default=None,
-                   help="compute Belady/OPT (default: on with --simulate and --sweep)")  # fmt: skip
+    p.add_argument(
+        "--opt",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compute Belady/OPT (default: on with --simulate and --sweep)",
+    )
     p.add_argument(
         "--sync",
         action="store_true",
@@ -62,10 +77,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument(
-        "--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while replaying"
+        "--metrics-port",
+        type=types.port,
+        help="serve Prometheus metrics on 127.0.0.1:PORT while replaying (0: a free port; the URL is "
+        "printed on stderr)",
     )
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")  # fmt: skip
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     return p
 
 
@@ -78,23 +100,23 @@ def _fail(exc: BaseException) -> int:
 @contextlib.contextmanager
 def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
     """(trace path, config) for the run; temporary directories live for the ``with``."""
-    from kvtier.config import load_config
+    from kvtier.config_layers import CONFIG_ENV, resolve_config
     from kvtier.sim.defaults import default_config, default_simulate_config, shipped_trace
 
     with contextlib.ExitStack() as stack:
         trace = Path(args.trace) if args.trace else stack.enter_context(shipped_trace())
-        if args.config:
-            config = load_config(args.config)
+        fallback = None
+        if args.config or os.environ.get(CONFIG_ENV, "").strip():
+            pass  # the file layer comes from --config or KVTIER_CONFIG
         elif args.simulate or args.sweep or args.plot is not None:
-            config = load_config(default_simulate_config())
+            fallback = default_simulate_config()
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtier-replay-"))
-            config = load_config(default_config(Path(tmp) / "fs0"))
+            fallback = default_config(Path(tmp) / "fs0")
+        config = resolve_config(args.config or None, fallback=fallback).config
         if args.sync and not (args.simulate or args.sweep or args.plot is not None):
             config = _one_io_thread(config)
         if args.block_bytes is not None:
-            if args.block_bytes < 1:
-                raise ConfigError("--block-bytes", f"must be >= 1, got {args.block_bytes}")
             slots = config.num_primary_slots
             config = dataclasses.replace(config, block_bytes=args.block_bytes)
             config = dataclasses.replace(config, cpu_bytes_to_use=slots * config.row_stride)
@@ -166,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``kvtier replay`` (see :func:`add_parser`); returns the exit code."""
     try:
         return _run(args)
+    except BrokenPipeError:
+        raise  # the reader left (`| head`): main() exits 0, this is not an error
     except (KvtierError, ValueError, OSError) as exc:
         return _fail(exc)
 
@@ -175,18 +199,23 @@ def _run(args: argparse.Namespace) -> int:
     from kvtier.sim.replay import prepare_trace, replay
     from kvtier.sim.trace import read_trace
 
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError("--limit", f"must be >= 1, got {args.limit}")
-    if args.tokens_per_block < 1:
-        raise ConfigError("--tokens-per-block", f"must be >= 1, got {args.tokens_per_block}")
     sweep_mode = args.sweep or args.plot is not None
     policies = [p.strip() for p in (args.policy or "").split(",") if p.strip()]
     if not sweep_mode and len(policies) > 1:
         raise ConfigError("--policy", "several policies need --sweep")
     if not sweep_mode and args.capacity and "," in args.capacity:
         raise ConfigError("--capacity", "several capacities need --sweep")
-    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    from kvtier.cli.output import have_rich
 
+    # Progress bars are rich's; without it (core install) replay simply runs without one.
+    show_progress = (sys.stderr.isatty() if args.progress is None else args.progress) and have_rich()
+
+    if args.plot is not None:
+        import importlib.util
+
+        # Before the sweep, not after minutes of it: the plot is the one part that needs an extra.
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ConfigError("--plot", "needs matplotlib: pip install 'kvtier[plot]'")
     with _resolve(args) as (trace_path, config):
         with _status(show_progress, args.progress is True, f"reading {trace_path.name}"):
             requests = read_trace(trace_path, limit=args.limit)
@@ -214,6 +243,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=bar.update,
                 metrics_port=args.metrics_port,
                 sync=args.sync,
+                on_listen=_print_url,
             )
         finally:
             bar.close()
@@ -225,17 +255,17 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(report.to_json(), indent=2, default=str))
         else:
-            from rich.console import Console
+            from kvtier.cli.output import emit
+            from kvtier.sim.report import report_tables
 
-            from kvtier.sim.report import render_report
-
-            render_report(report, Console(width=None if sys.stdout.isatty() else 120))
+            emit(report_tables(report))
         return 1 if report.verify_mismatches else 0
 
 
 def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list[str], show: bool) -> int:
+    from kvtier.cli.output import emit
     from kvtier.sim.plot import plot_hit_ratio
-    from kvtier.sim.report import render_sweep
+    from kvtier.sim.report import sweep_tables
     from kvtier.sim.sweep import parse_capacities, sweep
 
     caps = parse_capacities(args.capacity or DEFAULT_SWEEP_CAPACITIES, trace.unique_blocks, config.row_stride)
@@ -264,10 +294,10 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
     if args.json:
         print(json.dumps(result.to_json(), indent=2, default=str))
     else:
-        from rich.console import Console
-
-        console = Console(width=None if sys.stdout.isatty() else 120)
-        render_sweep(result.rows(), console)
-        if args.plot:
-            console.print(f"plot written to {args.plot}")
+        emit([*sweep_tables(result.rows()), *([f"plot written to {args.plot}"] if args.plot else [])])
     return 0
+
+
+def _print_url(url: str) -> None:
+    # stderr: stdout may carry --json; a script reads the URL of a port-0 exporter from here.
+    print(f"metrics: {url}", file=sys.stderr, flush=True)

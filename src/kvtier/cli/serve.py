@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from kvtier.cli import args as types
+
 __all__ = ["add_parser", "run"]
 
 
@@ -30,30 +32,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Build the configured engine and serve /metrics on 127.0.0.1 until interrupted.",
     )
     p.add_argument("--config", "-c", help="config file or JSON string (default: built-in defaults)")
-    p.add_argument("--metrics-port", type=int, help="port on 127.0.0.1 (0 = any free port); default: config")
+    p.add_argument(
+        "--metrics-port", type=types.port, help="port on 127.0.0.1 (0 = any free port); default: config"
+    )
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
-        "--duration", type=float, help="stop after this many seconds (default: run until signalled)"
+        "--duration", type=types.duration, help="stop after this many seconds (default: run until signalled)"
     )
-    p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between engine polls")
+    p.add_argument("--poll-interval", type=types.duration, default=0.05, help="seconds between engine polls")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvtier serve``; returns the exit code."""
-    from kvtier.config import load_config
+    from kvtier.config_layers import resolve_config
     from kvtier.engine import Engine
     from kvtier.errors import ConfigError
     from kvtier.metrics import start_exporter
 
-    config = load_config(args.config)
+    config = resolve_config(args.config).config
     port = args.metrics_port if args.metrics_port is not None else config.metrics_port
     if port is None:
         raise ConfigError("metrics_port", "serve needs --metrics-port PORT or metrics_port in the config")
-    if not 0 <= port <= 65535:
-        raise ConfigError("--metrics-port", f"must be in 0..65535, got {port}")
-    if args.poll_interval <= 0:
-        raise ConfigError("--poll-interval", "must be > 0")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -1,1 +1,9 @@
-"""Adapters that plug kvtier into inference engines (vLLM: :mod:`kvtier.integrations.vllm`)."""
+"""Adapters between kvtier and inference engines.
+
+Each integration lives in its own module and imports its engine lazily, so ``import kvtier`` (and
+``import kvtier.integrations``) never needs torch, transformers or vLLM:
+
+* :mod:`kvtier.integrations.transformers` (extra ``hf``): prefix reuse for Hugging Face causal LMs.
+* :mod:`kvtier.integrations.vllm` (vLLM 0.33 installed): ``KvtierTier``, any kvtier tier as a vLLM
+  secondary tier; :mod:`kvtier.integrations.vllm_config` reads vLLM's config and imports no vLLM.
+"""

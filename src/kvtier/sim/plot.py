@@ -38,8 +38,8 @@ def plot_hit_ratio(
 
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[cli]'") from exc
+    except ImportError as exc:  # pragma: no cover - installed with the plot extra
+        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[plot]'") from exc
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     try:

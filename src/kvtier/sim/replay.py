@@ -58,12 +58,14 @@ def replay(
     cost_model: CostModel | None = None,
     metrics_port: int | None = None,
     sync: bool = False,
+    on_listen: Callable[[str], None] | None = None,
 ) -> ReplayReport:
     """Replay ``trace`` through a fresh engine built from ``config`` and report what happened.
 
     ``simulate`` replaces ``primary_backing`` by ``"none"`` and drives the engine's clock from the trace
     timestamps. ``metrics_port`` (or ``config.metrics_port``) serves the engine's Prometheus metrics
-    on 127.0.0.1 for the duration of the replay. ``hook`` is called with the live engine at every
+    on 127.0.0.1 for the duration of the replay; ``on_listen(url)`` is called once it listens (port 0
+    picks a free port: this is how a caller learns which). ``hook`` is called with the live engine at every
     progress point and once after the last request, before the engine closes.
 
     Real mode lets a request's write-through jobs run while the next requests are served (as a
@@ -95,6 +97,8 @@ def replay(
     try:
         if port is not None:
             exporter = start_exporter(engine, port)
+            if on_listen is not None:
+                on_listen(exporter.url)
         report = ReplayReport(
             trace=trace.name,
             mode=mode,

@@ -16,7 +16,7 @@ import numpy as np
 
 from kvtier.config import KvtierConfig
 from kvtier.costmodel import CostModel
-from kvtier.keys import LookupResult
+from kvtier.keys import LookupCode, LookupResult
 from kvtier.sim.payload import PayloadFactory
 from kvtier.sim.report import ReplayReport, percentiles
 
@@ -28,7 +28,7 @@ __all__ = ["run_real", "run_simulate"]
 #: ``progress(requests_done, requests_total)``.
 ProgressFn = Callable[[int, int], None]
 
-_CODE = {LookupResult.MISS: 0, LookupResult.HIT: 1, LookupResult.HIT_PENDING: 2, LookupResult.RETRY: 3}
+_CODE = {r: int(LookupCode.of(r)) for r in LookupResult}
 _PROGRESS_EVERY = 256
 #: Real mode never lets more store jobs than this be in flight (see ``replay``).
 _MAX_INFLIGHT_JOBS = 8

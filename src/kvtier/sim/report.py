@@ -1,4 +1,4 @@
-"""What a replay measured, as a value (``ReplayReport``), as JSON and as a rich table.
+"""What a replay measured, as a value (``ReplayReport``), as JSON and as printable tables.
 
 Hit-ratio definitions (all over the replayed requests):
 
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ReplayReport", "TierReport", "percentiles", "render_report", "render_sweep"]
+if TYPE_CHECKING:
+    from kvtier.cli.output import TextTable
+
+__all__ = ["LATENCY_TITLE", "ReplayReport", "TierReport", "percentiles", "report_tables", "sweep_tables"]
 
 
 @dataclass(slots=True)
@@ -147,17 +150,21 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover - loop always returns
 
 
-def render_report(report: ReplayReport, console: Any) -> None:
-    """Print ``report`` on a ``rich.console.Console`` as a summary and a per-tier table."""
-    from rich.markup import escape
-    from rich.table import Table
+def report_tables(report: ReplayReport) -> list[TextTable | str]:
+    """``report`` as the CLI prints it: a summary, notes, a per-tier table and a latency table.
+
+    Plain values (:class:`kvtier.cli.output.TextTable`); :func:`kvtier.cli.output.emit` prints them with
+    rich when it is installed and as aligned text otherwise. No text is read as markup.
+    """
+    from kvtier.cli.output import TextTable
 
     hr = report.hit_ratio
-    summary = Table(
-        title=f"kvtier replay — {report.trace} ({report.mode}, {report.policy})", show_header=False
+    summary = TextTable(
+        f"kvtier replay — {report.trace} ({report.mode}, {report.policy})",
+        ["what", "value"],
+        right=frozenset({"value"}),
+        show_header=False,
     )
-    summary.add_column("what")
-    summary.add_column("value", justify="right")
     summary.add_row("requests", f"{report.requests:,}")
     summary.add_row("block references", f"{report.block_refs:,} ({report.unique_blocks:,} unique)")
     summary.add_row("primary capacity", f"{report.capacity_blocks:,} blocks")
@@ -169,8 +176,8 @@ def render_report(report: ReplayReport, console: Any) -> None:
     if report.infinite:
         summary.add_row("infinite cache block hit ratio", _pct(report.infinite["block"]))
     if report.mode == "real":
-        ok = "[green]0[/green]" if report.verify_mismatches == 0 else f"[red]{report.verify_mismatches}[/red]"
-        summary.add_row("verified blocks / mismatches", f"{report.verified_blocks:,} / {ok}")
+        verified = f"{report.verified_blocks:,} / {report.verify_mismatches}"
+        summary.add_row("verified blocks / mismatches", verified)
     if report.cost:
         summary.add_row(
             "projected prefill saved",
@@ -178,13 +185,11 @@ def render_report(report: ReplayReport, console: Any) -> None:
             f"({_pct(report.cost['saved_fraction'])})",
         )
     summary.add_row("elapsed", f"{report.elapsed_seconds:.2f} s ({report.refs_per_second:,.0f} refs/s)")
-    console.print(summary)
-    for note in report.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+    out: list[TextTable | str] = [summary]
+    out += [f"note: {note}" for note in report.notes]
 
-    tiers = Table(title="per tier")
-    for col in ("tier", "type", "hits", "hit ratio", "read", "written", "evictions", "corrupt", "dropped"):
-        tiers.add_column(col, justify="left" if col in ("tier", "type") else "right")
+    cols = ["tier", "type", "hits", "hit ratio", "read", "written", "evictions", "corrupt", "dropped"]
+    tiers = TextTable("per tier", cols, right=frozenset(cols[2:]))
     for t in report.tiers:
         tiers.add_row(
             t.name,
@@ -197,31 +202,30 @@ def render_report(report: ReplayReport, console: Any) -> None:
             str(t.corrupt),
             f"{t.dropped_stores:,}",
         )
-    console.print(tiers)
+    out.append(tiers)
     if report.latency:
-        lat = Table(title="latency per request (ms); load[t]: requests whose slowest hits came from t")
-        for col in ("operation", "p50", "p90", "p99", "max", "count"):
-            lat.add_column(col, justify="left" if col == "operation" else "right")
+        cols = ["operation", "p50", "p90", "p99", "max", "count"]
+        lat = TextTable(LATENCY_TITLE, cols, right=frozenset(cols[1:]))
         for op, p in report.latency.items():
             cells = [f"{p[k]:.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")]
-            lat.add_row(escape(op), *cells, f"{int(p['count']):,}")
-        console.print(lat)
+            lat.add_row(op, *cells, f"{int(p['count']):,}")
+        out.append(lat)
+    return out
 
 
-def render_sweep(rows: Sequence[Mapping[str, Any]], console: Any) -> None:
-    """Print a sweep (one row per capacity) with one column per policy plus OPT and infinite."""
-    from rich.table import Table
+#: Title of the latency table (``load[t]`` is literal text, never markup).
+LATENCY_TITLE = "latency per request (ms); load[t]: requests whose slowest hits came from t"
+
+
+def sweep_tables(rows: Sequence[Mapping[str, Any]]) -> list[TextTable | str]:
+    """A sweep (one row per capacity) with one column per policy plus OPT and infinite."""
+    from kvtier.cli.output import TextTable
 
     if not rows:
-        return
+        return []
     policies = list(rows[0]["policies"])
-    table = Table(title="block hit ratio by capacity and policy")
-    table.add_column("capacity")
-    table.add_column("blocks", justify="right")
-    for p in policies:
-        table.add_column(p, justify="right")
-    table.add_column("OPT", justify="right")
-    table.add_column("infinite", justify="right")
+    cols = ["capacity", "blocks", *policies, "OPT", "infinite"]
+    table = TextTable("block hit ratio by capacity and policy", cols, right=frozenset(cols[1:]))
     for row in rows:
         table.add_row(
             row["capacity"],
@@ -230,4 +234,4 @@ def render_sweep(rows: Sequence[Mapping[str, Any]], console: Any) -> None:
             _pct(row["opt"]["block"]) if row.get("opt") else "-",
             _pct(row["infinite"]["block"]),
         )
-    console.print(table)
+    return [table]

@@ -105,7 +105,7 @@ class SweepResult:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per capacity for :func:`kvtier.sim.report.render_sweep`."""
+        """One row per capacity for :func:`kvtier.sim.report.sweep_tables`."""
         return [
             {
                 "capacity": cap.label,

@@ -1,24 +1,38 @@
-"""Construction helpers of :class:`kvtier.engine.Engine`: namespace, secondary tiers, cost model and
-the metrics exporter."""
+"""Construction of an :class:`~kvtier.engine.Engine`'s parts from its config.
+
+Owns the decisions made once, before the engine runs: the key namespace, which policy and how many
+primary slots (:func:`resolve_policy`, through the configured spec), the secondary tiers (the
+caller's override or the spec's, :func:`build_tiers`), the cost model of the promotion gate and the
+Prometheus exporter. Each function is given what it reads (config, primary tier, clock, namespace)
+and never the engine itself; the exporter gets a :class:`~kvtier.metrics.StatsSource`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtier.config import KvtierConfig
-from kvtier.errors import MisuseError
+from kvtier.errors import ConfigError, MisuseError
+from kvtier.policies.base import CachePolicy
+from kvtier.primary import PrimaryTier
 from kvtier.tiers.base import SecondaryTier
 
 if TYPE_CHECKING:
     from kvtier.costmodel import CostModel
-    from kvtier.engine import Engine
-    from kvtier.metrics import MetricsExporter
+    from kvtier.metrics import MetricsExporter, StatsSource
 
-__all__ = ["build_cost_model", "build_tiers", "config_namespace", "start_metrics", "stop_metrics"]
+__all__ = [
+    "build_cost_model",
+    "build_tiers",
+    "config_namespace",
+    "resolve_policy",
+    "start_metrics",
+    "stop_metrics",
+]
 
 log = logging.getLogger("kvtier.engine")
 
@@ -29,18 +43,59 @@ def config_namespace(config: KvtierConfig) -> str:
     return hashlib.blake2b(raw, digest_size=16, person=b"kvtier-ns").hexdigest()
 
 
-def build_tiers(
-    engine: Engine, spec: Any, tiers: Sequence[Any] | None, simulate: bool
-) -> list[SecondaryTier]:
-    """The engine's secondary tiers: the ``tiers`` override (instances or factories), else the spec's.
+def resolve_policy(
+    config: KvtierConfig, policy: CachePolicy | None, tiers_given: bool
+) -> tuple[Any, CachePolicy, int]:
+    """``(spec, policy, num_slots)``: the configured spec (``None`` when not needed), the eviction
+    policy (``policy`` when given, else the spec's) and the number of primary slots.
 
-    An override instance built on another view of the same shape is attached to the engine's
-    buffer (its ``primary_kv_view`` and ``rows`` are replaced). In simulation configured tiers are
-    not built.
+    The spec is resolved (plug-in registry) unless both the policy and the tiers are given, or the
+    config simulates (``primary_backing: none``: configured tiers are not built) or has no tiers.
+    Raises :class:`~kvtier.errors.ConfigError` when the budget holds no slot and
+    :class:`~kvtier.errors.MisuseError` when a given policy's capacity is not the slot count.
+    """
+    spec = None
+    num_slots = config.num_primary_slots
+    simulate = config.primary_backing == "none"
+    if policy is None or (not tiers_given and not simulate and config.secondary_tiers):
+        from kvtier.plugins import create_spec
+
+        spec = create_spec(config)
+        num_slots = spec.num_primary_slots
+    if num_slots < 1:
+        raise ConfigError(
+            "cpu_bytes_to_use",
+            f"{config.cpu_bytes_to_use} bytes hold no slot of {config.row_stride} bytes; raise it",
+        )
+    if policy is None:
+        assert spec is not None
+        policy = spec.create_policy(num_slots)
+    elif policy.capacity != num_slots:
+        raise MisuseError(
+            f"policy capacity {policy.capacity} must equal the primary tier's {num_slots} slots "
+            f"(cpu_bytes_to_use {config.cpu_bytes_to_use} // row_stride {config.row_stride})"
+        )
+    return spec, policy, num_slots
+
+
+def build_tiers(
+    config: KvtierConfig,
+    primary: PrimaryTier,
+    spec: Any,
+    tiers: Sequence[Any] | None,
+    *,
+    namespace: str,
+    clock: Callable[[], float],
+) -> list[SecondaryTier]:
+    """The secondary tiers: the ``tiers`` override (instances or factories), else the spec's.
+
+    An override instance built on another view of the same shape is attached to ``primary``'s
+    buffer (its ``primary_kv_view`` and ``rows`` are replaced). In simulation (``primary_backing:
+    none``) configured tiers are not built.
     """
     if tiers is not None:
         built: list[SecondaryTier] = []
-        view = engine.primary_kv_view
+        view = primary.primary_kv_view
         for t in tiers:
             if not isinstance(t, SecondaryTier) and callable(t):
                 t = t(view)  # a factory: build the tier on this engine's buffer
@@ -56,18 +111,18 @@ def build_tiers(
                     )
                 # Built on a placeholder of the right shape: attach it to the real buffer.
                 t.primary_kv_view = view
-                t.rows = engine.primary.rows
+                t.rows = primary.rows
             built.append(t)
         return built
-    if not engine.config.secondary_tiers:
+    if not config.secondary_tiers:
         return []
-    if simulate:
+    if config.primary_backing == "none":
         log.info("kvtier: primary_backing 'none' (simulation): secondary_tiers are not built")
         return []
     from kvtier.plugins import tier_contexts
 
-    contexts = tier_contexts(engine.config, namespace=engine.namespace, clock=engine._clock)
-    return list(spec.create_tiers(engine.primary_kv_view, contexts))
+    contexts = tier_contexts(config, namespace=namespace, clock=clock)
+    return list(spec.create_tiers(primary.primary_kv_view, contexts))
 
 
 def build_cost_model(config: KvtierConfig, tiers: Sequence[SecondaryTier]) -> CostModel | None:
@@ -98,7 +153,7 @@ def build_cost_model(config: KvtierConfig, tiers: Sequence[SecondaryTier]) -> Co
     return model
 
 
-def start_metrics(engine: Engine, config: KvtierConfig) -> MetricsExporter | None:
+def start_metrics(engine: StatsSource, config: KvtierConfig) -> MetricsExporter | None:
     """Serve ``engine``'s Prometheus metrics on 127.0.0.1:``metrics_port`` when it is set.
 
     Metrics are optional to the cache: when ``prometheus_client`` is missing or the port cannot be

@@ -1,62 +1,82 @@
-"""Byte-moving conveniences of :class:`kvtier.engine.Engine` (a mixin, kept apart for size).
+"""The KV mover: the engine's byte-moving calls, built on its store/load slot protocol.
 
 ``store_blocks``/``load_blocks`` move ``(n, block_bytes)`` uint8 rows; ``store_kv``/``load_kv`` move
 blocks of an inference engine's KV cache described by a :class:`~kvtier.transfer.movers.KVLayout`;
-``submit_*_kv`` run the same on the engine's :class:`~kvtier.transfer.pool.TransferPool`. Each is
-``prepare_*`` under the lock, the copy outside it (the slots are WRITING or pinned, so nobody else
-touches them), then ``complete_*``.
+``submit_*_kv`` run the same on a :class:`~kvtier.transfer.pool.TransferPool` (created on first
+use, owned here). Each is ``prepare_*`` under the engine's lock, the copy outside it (the slots are
+WRITING or pinned, so nobody else touches them), then ``complete_*``.
+
+:class:`KVMover` is given the primary tier, the engine's counters and lock, the job-id source, the
+tenant scoping and four callables of the slot protocol (``prepare_store``, ``complete_store``,
+``pin_leading``, ``complete_load``) instead of the engine, so it sees nothing of the engine but
+that protocol. The engine exposes its methods under the same names and signatures.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from kvtier.engine_types import LoadHandle, RequestContext, StoreHandle
+from kvtier.engine.types import LoadHandle, RequestContext, StoreHandle
 from kvtier.errors import MisuseError
 from kvtier.keys import BlockInfo, BlockKey
+from kvtier.primary import PrimaryTier
 from kvtier.transfer.movers import KVLayout, copy_rows_in, copy_rows_out, gather_blocks, scatter_blocks
 from kvtier.transfer.pool import LOAD, STORE, JobIds, TransferPool
 
-if TYPE_CHECKING:
-    from kvtier.config import KvtierConfig
-    from kvtier.primary import PrimaryTier
+__all__ = ["KVMover"]
 
-__all__ = ["MoverMixin"]
+Keys = Sequence[BlockKey]
+Infos = Sequence[BlockInfo | None] | None
 
 
-class MoverMixin:
-    """Methods that copy bytes; :class:`~kvtier.engine.Engine` provides the attributes below."""
+class KVMover:
+    """Copies bytes between callers' buffers and the primary tier's slots.
 
-    primary: PrimaryTier
-    block_bytes: int
-    config: KvtierConfig
-    c: dict[str, int]
-    _lock: threading.Lock
-    _pool: TransferPool | None
-    _ids: JobIds
+    Args:
+        primary: the slots (``rows``) copied to and from.
+        counters: the engine's counters (``bytes_stored``/``bytes_loaded``).
+        lock: the engine's lock (taken to create the pool and to read residency).
+        ids: job ids for the transfer pool (shared with tier jobs).
+        max_inflight: the transfer pool's bound on pending jobs.
+        check_open: raises :class:`~kvtier.errors.MisuseError` when the engine is closed.
+        scope: the engine-internal keys of a request.
+        prepare_store, complete_store, pin_leading, complete_load: the engine's slot protocol
+            (``pin_leading`` pins the longest leading run of readable keys).
+    """
 
-    if TYPE_CHECKING:
-
-        def prepare_store(
-            self,
-            keys: Sequence[BlockKey],
-            request: RequestContext | None = None,
-            infos: Sequence[BlockInfo | None] | None = None,
-        ) -> StoreHandle: ...
-
-        def complete_store(self, handle: StoreHandle, success: bool = True) -> None: ...
-
-        def complete_load(self, handle: LoadHandle) -> None: ...
-
-        def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle: ...
-
-        def _check_open(self) -> None: ...
-
-        def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]: ...
+    def __init__(
+        self,
+        primary: PrimaryTier,
+        counters: dict[str, int],
+        lock: threading.Lock,
+        ids: JobIds,
+        max_inflight: int,
+        *,
+        check_open: Callable[[], None],
+        scope: Callable[[Keys, RequestContext | None], list[BlockKey]],
+        prepare_store: Callable[[Keys, RequestContext | None, Infos], StoreHandle],
+        complete_store: Callable[[StoreHandle, bool], None],
+        pin_leading: Callable[[Keys, RequestContext | None], LoadHandle],
+        complete_load: Callable[[LoadHandle], None],
+    ) -> None:
+        self.primary = primary
+        self.block_bytes = primary.block_bytes
+        self._counters = counters
+        self._lock = lock
+        self._ids = ids
+        self._max_inflight = max_inflight
+        self._check_open = check_open
+        self._scope = scope
+        self.prepare_store = prepare_store
+        self.complete_store = complete_store
+        self._pin_leading = pin_leading
+        self.complete_load = complete_load
+        #: The worker pool of ``submit_*_kv`` (``None`` until first used).
+        self.pool: TransferPool | None = None
 
     # -- convenience movers (real bytes) -----------------------------------------------------
     def _needs_bytes(self) -> bool:
@@ -75,16 +95,16 @@ class MoverMixin:
         """
         h = self.prepare_store(keys, request, infos)
         if not h.keys:
-            self.complete_store(h)
+            self.complete_store(h, True)
             return 0
         try:
             if self._needs_bytes():
                 n = copy_rows_in(self.primary.rows, h.slots, data, h.positions, self.block_bytes, len(keys))
-                self.c["bytes_stored"] += n
+                self._counters["bytes_stored"] += n
         except BaseException:
-            self.complete_store(h, success=False)
+            self.complete_store(h, False)
             raise
-        self.complete_store(h)
+        self.complete_store(h, True)
         return len(h.keys)
 
     def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
@@ -96,7 +116,7 @@ class MoverMixin:
                 if dst.dtype != np.uint8 or dst.ndim != 2:
                     dst = dst.reshape(len(keys), -1).view(np.uint8)
                 n = copy_rows_out(self.primary.rows, h.slots, dst, range(len(h.slots)), self.block_bytes)
-                self.c["bytes_loaded"] += n
+                self._counters["bytes_loaded"] += n
         finally:
             self.complete_load(h)
         return len(h.slots)
@@ -112,15 +132,15 @@ class MoverMixin:
         if len(block_ids) != len(keys):
             raise MisuseError(f"store_kv: {len(keys)} keys but {len(block_ids)} block ids")
         layout.check(block_ids, self.block_bytes)
-        h = self.prepare_store(keys, request)
+        h = self.prepare_store(keys, request, None)
         try:
             if self._needs_bytes() and len(h.slots):
                 bids = [block_ids[p] for p in h.positions]
-                self.c["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slots)
+                self._counters["bytes_stored"] += gather_blocks(layout, bids, self.primary.rows, h.slots)
         except BaseException:
-            self.complete_store(h, success=False)
+            self.complete_store(h, False)
             raise
-        self.complete_store(h)
+        self.complete_store(h, True)
         return len(h.keys)
 
     def load_kv(
@@ -138,7 +158,7 @@ class MoverMixin:
         try:
             if self._needs_bytes() and len(h.slots):
                 bids = list(block_ids[: len(h.slots)])
-                self.c["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slots)
+                self._counters["bytes_loaded"] += scatter_blocks(layout, bids, self.primary.rows, h.slots)
         finally:
             self.complete_load(h)
         return len(h.slots)
@@ -147,9 +167,9 @@ class MoverMixin:
     def _transfer_pool(self) -> TransferPool:
         with self._lock:
             self._check_open()
-            if self._pool is None:
-                self._pool = TransferPool(2, self.config.max_inflight_jobs, ids=self._ids)
-            return self._pool
+            if self.pool is None:
+                self.pool = TransferPool(2, self._max_inflight, ids=self._ids)
+            return self.pool
 
     def submit_store_kv(
         self,
@@ -195,5 +215,5 @@ class MoverMixin:
 
     def poll_transfers(self) -> list[Any]:
         """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""
-        pool = self._pool
+        pool = self.pool
         return pool.poll() if pool is not None else []

@@ -6,6 +6,20 @@ no method blocks except :meth:`Engine.drain` and :meth:`Engine.close`. All state
 one lock, taken once per call (batched calls, no per-key objects), so the simulate path costs about
 a microsecond per block.
 
+The facade owns the API, the lock, the counters and the open handles; the work is done by
+components that never hold it (each module's docstring says what it owns)::
+
+    Engine ─┬─ PrimaryTier            slots, states, pins, the eviction policy   (kvtier.primary)
+            ├─ TenantScope            tenant-scoped internal keys                (engine.tenants)
+            ├─ EventLog               event queue, subscribers                   (engine.events)
+            ├─ Residency              which blocks the tiers hold                (engine.residency)
+            ├─ JobBook                tier jobs: submit, finish once, drain      (engine.jobs)
+            ├─ TierWrites             per-tier write policies, slot reservation  (engine.writes)
+            ├─ Admission              promotion share, cost gate                 (engine.admission)
+            └─ KVMover                byte copies, the transfer pool             (engine.movers)
+
+and are built once by :mod:`kvtier.engine.build` (policy, tiers, cost model, metrics).
+
 Guarantees (tested by ``tests/unit/test_engine_*``):
     * a WRITING slot is never readable; a pinned slot is never evicted; the primary tier never holds
       more than ``num_slots`` blocks;
@@ -19,41 +33,57 @@ Guarantees (tested by ``tests/unit/test_engine_*``):
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from kvtier.config import KvtierConfig, load_config
-from kvtier.engine_build import build_cost_model, build_tiers, config_namespace, start_metrics, stop_metrics
-from kvtier.engine_jobs import JobBook
-from kvtier.engine_movers import MoverMixin
-from kvtier.engine_types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
-from kvtier.errors import ConfigError, MisuseError
-from kvtier.keys import BlockInfo, BlockKey
+from kvtier.engine.admission import Admission
+from kvtier.engine.build import (
+    build_cost_model,
+    build_tiers,
+    config_namespace,
+    resolve_policy,
+    start_metrics,
+    stop_metrics,
+)
+from kvtier.engine.events import EventLog
+from kvtier.engine.jobs import JobBook
+from kvtier.engine.movers import KVMover
+from kvtier.engine.residency import Residency
+from kvtier.engine.tenants import TenantScope
+from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
+from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
+from kvtier.errors import MisuseError
+from kvtier.keys import BlockInfo, BlockKey, LookupCode
 from kvtier.policies.base import CachePolicy
-from kvtier.primary import PrimaryTier
+from kvtier.primary import PrimaryTier, SlotState
 from kvtier.tiers.base import SecondaryTier
-from kvtier.transfer.pool import JobIds, TransferPool
+from kvtier.transfer.movers import KVLayout
+from kvtier.transfer.pool import JobIds
 
 if TYPE_CHECKING:
     from kvtier.metrics import MetricsExporter
 
-__all__ = ["Engine", "EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
+__all__ = ["Engine"]
 
-log = logging.getLogger(__name__)
-
-_MISS, _HIT, _PENDING, _RETRY = 0, 1, 2, 3
-_READY, _WRITING, _FLUSHING = 2, 1, 3
+# Plain ints derived once from the enums: the per-key loops compare exact ints (CPython specialises
+# those) and store them into the ``codes`` bytearray.
+_MISS, _HIT, _PENDING = int(LookupCode.MISS), int(LookupCode.HIT), int(LookupCode.HIT_PENDING)
+_READY, _FLUSHING = int(SlotState.READY), int(SlotState.FLUSHING)
+_LEADING_HIT = bytes([_HIT])
 _CLOSED = "engine is closed; create a new Engine"
-_EVENT_QUEUE = 65536
+
+_COUNTERS = (
+    "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores", "dropped_stores",
+    "evictions", "writebacks", "loads", "promotions", "promotions_failed", "promotions_rejected",
+    "promotions_skipped_cost", "tier_errors", "bytes_stored", "bytes_loaded", "resets",
+)  # fmt: skip
 
 
-class Engine(MoverMixin):
+class Engine:
     """Look up, store and load KV blocks across the primary tier and the secondary tiers.
 
     Args:
@@ -67,6 +97,11 @@ class Engine(MoverMixin):
     Construction goes through the configured spec (``spec_name``), resolved by the plug-in
     registry. With ``primary_backing: none`` (simulation) no buffer exists and configured secondary
     tiers are not built: slots, states, pins and eviction work as in real mode, bytes never move.
+
+    Attributes:
+        counters: the engine's counters by name (read them through :meth:`stats`).
+        jobs: the :class:`~kvtier.engine.jobs.JobBook`; ``admission``, ``writes``: the promotion
+            and write-policy components (see the module docstring).
     """
 
     def __init__(
@@ -78,30 +113,11 @@ class Engine(MoverMixin):
         tiers: Sequence[SecondaryTier | Callable[[memoryview], SecondaryTier]] | None = None,
     ) -> None:
         cfg = load_config(config)
+        write_policy_type(cfg.write_policy)  # a config built by hand is checked before anything is built
         self.config = cfg
-        self._clock = clock or time.monotonic
+        clock = clock or time.monotonic
         self.namespace = config_namespace(cfg)
-        spec = None
-        num_slots = cfg.num_primary_slots
-        simulate = cfg.primary_backing == "none"
-        if policy is None or (tiers is None and not simulate and cfg.secondary_tiers):
-            from kvtier.plugins import create_spec
-
-            spec = create_spec(cfg)
-            num_slots = spec.num_primary_slots
-        if num_slots < 1:
-            raise ConfigError(
-                "cpu_bytes_to_use",
-                f"{cfg.cpu_bytes_to_use} bytes hold no slot of {cfg.row_stride} bytes; raise it",
-            )
-        if policy is None:
-            assert spec is not None
-            policy = spec.create_policy(num_slots)
-        elif policy.capacity != num_slots:
-            raise MisuseError(
-                f"policy capacity {policy.capacity} must equal the primary tier's {num_slots} slots "
-                f"(cpu_bytes_to_use {cfg.cpu_bytes_to_use} // row_stride {cfg.row_stride})"
-            )
+        spec, policy, num_slots = resolve_policy(cfg, policy, tiers is not None)
         self.primary = PrimaryTier(
             num_slots, cfg.block_bytes, policy, backing=cfg.primary_backing, shm_name=cfg.shm_name
         )
@@ -111,118 +127,64 @@ class Engine(MoverMixin):
         self.row_stride = self.primary.row_stride
         self.primary_kv_view: memoryview = self.primary.primary_kv_view
         try:
-            self.tiers: list[SecondaryTier] = build_tiers(self, spec, tiers, simulate)
+            self.tiers: list[SecondaryTier] = build_tiers(
+                cfg, self.primary, spec, tiers, namespace=self.namespace, clock=clock
+            )
             cost = build_cost_model(cfg, self.tiers)  # shuts the tiers down when it raises
         except BaseException:
             self.primary.close()
             raise
+        self.primary.track_tiers = bool(self.tiers)
         self._lock = threading.Lock()
-        self._ids = JobIds()
-        self._events: deque[EngineEvent] = deque(maxlen=_EVENT_QUEUE)
-        self._subscribers: list[Callable[[EngineEvent], None]] = []
-        self._outbox: list[EngineEvent] = []
-        self._nemitted = 0
-        self._tenant_prefix: dict[str, bytes] = {}
-        # Tenant tags are keyed by the deployment's model + cache_salt: engines of one deployment
-        # agree on them (so shared tiers still share a tenant's blocks), while a caller that omits
-        # the tenant cannot forge another tenant's internal keys unless it knows cache_salt.
-        self._tenant_key = hashlib.blake2b(
-            f"{self.config.model}\0{self.config.cache_salt}".encode(), digest_size=32
-        ).digest()
+        self._closed = False
         self._open_handles: set[int] = set()
         self._token = 0
-        self._pool: TransferPool | None = None
-        self._closed = False
-        self._write_back = cfg.write_policy == "write_back" and bool(self.tiers)
-        self._write_through = cfg.write_policy == "write_through" and bool(self.tiers)
-        self._after_hits = cfg.write_after_hits if cfg.write_policy == "after_hits" and self.tiers else 0
-        self.primary.track_tiers = bool(self.tiers)
-        self.jobs = JobBook(self, cfg.max_inflight_jobs, cfg.promotion_share, cost)
-        self.c: dict[str, int] = dict.fromkeys(
-            (
-                "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores",
-                "dropped_stores", "evictions", "writebacks", "loads", "promotions", "promotions_failed",
-                "promotions_rejected", "promotions_skipped_cost", "tier_errors", "bytes_stored",
-                "bytes_loaded", "resets",
-            ),
-            0,
-        )  # fmt: skip
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        ids = JobIds()
+        self._events = EventLog(clock, self._lock)
+        self._emit = self._events.emit
+        self._scope = TenantScope(cfg.model, cfg.cache_salt).scope
+        residency = Residency(self.primary)
+        self.jobs = JobBook(
+            self.primary, self.tiers, ids, clock, self._emit, self.counters, residency, cfg.max_inflight_jobs
+        )
+        self.writes = TierWrites(
+            self.primary,
+            write_policies(cfg.write_policy, len(self.tiers), cfg.write_after_hits),
+            residency,
+            self.jobs,
+            self.counters,
+            self._emit,
+        )
+        self._reserve = self.writes.reserve
+        self.admission = Admission(
+            self.primary, self.tiers, self.jobs, self._reserve, self.counters, cfg.promotion_share, cost
+        )
+        self._mover = KVMover(
+            self.primary,
+            self.counters,
+            self._lock,
+            ids,
+            cfg.max_inflight_jobs,
+            check_open=self._check_open,
+            scope=self._scope,
+            prepare_store=self.prepare_store,
+            complete_store=self.complete_store,
+            pin_leading=self._pin_leading,
+            complete_load=self.complete_load,
+        )
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _scope(self, keys: Sequence[BlockKey], request: RequestContext | None) -> list[BlockKey]:
-        """Engine-internal keys: a tenant's keys carry a 9-byte prefix derived from its name."""
-        if request is None or request.tenant is None:
-            return keys if isinstance(keys, list) else list(keys)
-        prefix = self._tenant_prefix.get(request.tenant)
-        if prefix is None:
-            digest = hashlib.blake2b(
-                request.tenant.encode(), digest_size=8, key=self._tenant_key, person=b"kvtier-tenant"
-            ).digest()
-            prefix = self._tenant_prefix.setdefault(request.tenant, b"\x01" + digest)
-        return [BlockKey(prefix + k) for k in keys]
-
     def _check_open(self) -> None:
         if self._closed:
             raise MisuseError(_CLOSED)
-
-    def _emit(self, kind: str, keys: Sequence[BlockKey], tier: str | None = None) -> None:
-        ev = EngineEvent(kind, tuple(keys), tier, self._clock())
-        self._events.append(ev)
-        self._nemitted += 1
-        if self._subscribers:
-            self._outbox.append(ev)
-
-    def _dispatch(self) -> None:
-        """Deliver queued events to subscribers, outside the lock (callbacks may call the engine)."""
-        with self._lock:
-            out, self._outbox = self._outbox, []
-        for ev in out:
-            for cb in list(self._subscribers):
-                try:
-                    cb(ev)
-                except Exception:  # a broken metrics hook must not break inference
-                    log.exception("kvtier: event subscriber failed")
 
     def _next_token(self) -> int:
         self._token += 1
         self._open_handles.add(self._token)
         return self._token
-
-    def _close_token(self, token: int, what: str) -> None:
-        try:
-            self._open_handles.remove(token)
-        except KeyError:
-            raise MisuseError(f"{what}: handle already completed or not from this engine") from None
-
-    def _after_evict(
-        self, evicted: list[BlockKey], flush_keys: list[BlockKey], flush_slots: list[int]
-    ) -> None:
-        if evicted:
-            self.c["evictions"] += len(evicted)
-            self._emit("evicted", evicted)
-        if flush_keys:
-            # Write-back: victims stay readable (FLUSHING) until every tier has copied them.
-            self.c["evictions"] += len(flush_keys)
-            self.c["writebacks"] += len(flush_keys)
-            for t in range(len(self.tiers)):
-                self.jobs.submit_store(t, flush_keys, flush_slots, None)
-
-    def _reserve(self, ikeys: list[BlockKey]) -> tuple[list[int], list[int], int]:
-        pr = self.primary
-        pos, slots, evicted, fk, fs, dropped = pr.reserve(ikeys, flush_dirty=self._write_back)
-        if evicted or fk:
-            self._after_evict(evicted, fk, fs)
-        if dropped and self._write_back and self.jobs.inflight:
-            # Write-back victims free their slots only when the flush ends; fast tiers are done
-            # already, so collect their results and try the dropped keys once more.
-            self.jobs.poll_locked()
-            if pr.num_free:
-                pos2, slots2, _, _, _, dropped = pr.reserve(ikeys, evict=False)
-                pos = pos + pos2
-                slots = slots + slots2
-        return pos, slots, dropped
 
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LookupReport:
@@ -242,9 +204,9 @@ class Engine(MoverMixin):
             if self._closed:
                 raise MisuseError(_CLOSED)
             codes, npend = self._lookup_locked(ikeys, request)
-        if self._outbox:
-            self._dispatch()
-        return LookupReport(len(codes) - len(codes.lstrip(b"\x01")), None, npend, codes)
+        if self._events.outbox:
+            self._events.dispatch()
+        return LookupReport(len(codes) - len(codes.lstrip(_LEADING_HIT)), None, npend, codes)
 
     def _lookup_locked(self, ikeys: list[BlockKey], request: RequestContext | None) -> tuple[bytes, int]:
         """The body of :meth:`lookup` (lock held): per-key codes and the number pending."""
@@ -275,14 +237,14 @@ class Engine(MoverMixin):
                 pr.rescue(rescue)
             if touch:
                 pr.policy.touch_many(touch)
-                if self._after_hits:
-                    self._count_hits(touch, request)
+                if self.writes.hits_to_copy:
+                    self.writes.hit(touch, request)
             npend = codes.count(_PENDING)
         nhits = codes.count(_HIT)
         if self.tiers and nhits + npend < n:
-            nretry, promoted = self.jobs.lookup_tiers(ikeys, slots, codes, request)
+            nretry, promoted = self.admission.lookup_tiers(ikeys, slots, codes, request)
             npend += promoted
-        c = self.c
+        c = self.counters
         c["lookup_calls"] += 1
         c["lookups"] += n
         c["hits"] += nhits
@@ -290,21 +252,6 @@ class Engine(MoverMixin):
         c["retries"] += nretry
         c["misses"] += n - nhits - npend - nretry
         return bytes(codes), npend
-
-    def _count_hits(self, keys: list[BlockKey], request: RequestContext | None) -> None:
-        pr = self.primary
-        hits, persisted, index = pr.hits, pr.persisted, pr.index
-        due: list[int] = []
-        for k in keys:
-            s = index[k]
-            hits[s] += 1
-            if hits[s] >= self._after_hits and not persisted[s]:
-                persisted[s] = 1
-                due.append(s)
-        if due:
-            dkeys = pr.keys_of(due)
-            for t in range(len(self.tiers)):
-                self.jobs.submit_store(t, dkeys, due, request)
 
     def access(
         self,
@@ -331,18 +278,18 @@ class Engine(MoverMixin):
             nmiss = codes.count(_MISS)
             if nmiss:
                 if nmiss == len(codes):
-                    mk: list[BlockKey] = ikeys
-                    mi = infos
+                    miss_keys: list[BlockKey] = ikeys
+                    miss_infos = infos
                 else:
                     idx = [i for i, x in enumerate(codes) if x == _MISS]
-                    mk = [ikeys[i] for i in idx]
-                    mi = [infos[i] for i in idx] if infos is not None else None
-                _, internal, slots, sel = self._prepare_locked(mk, request, mi)
+                    miss_keys = [ikeys[i] for i in idx]
+                    miss_infos = [infos[i] for i in idx] if infos is not None else None
+                _, internal, slots, accepted_infos = self._prepare_locked(miss_keys, request, miss_infos)
                 if slots:
-                    self._commit_locked(internal, slots, sel, request)
-        if self._outbox:
-            self._dispatch()
-        return LookupReport(len(codes) - len(codes.lstrip(b"\x01")), None, npend, codes)
+                    self._commit_locked(internal, slots, accepted_infos, request)
+        if self._events.outbox:
+            self._events.dispatch()
+        return LookupReport(len(codes) - len(codes.lstrip(_LEADING_HIT)), None, npend, codes)
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(
@@ -364,13 +311,13 @@ class Engine(MoverMixin):
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
-            pl, internal, slots, sel = self._prepare_locked(ikeys, request, infos)
-            user = internal if ikeys is keys else [keys[p] for p in pl]
+            positions, internal, slots, accepted_infos = self._prepare_locked(ikeys, request, infos)
+            user = internal if ikeys is keys else [keys[p] for p in positions]
             self._token = token = self._token + 1
             self._open_handles.add(token)
-        if self._outbox:
-            self._dispatch()
-        return StoreHandle(user, slots, pl, request, internal, sel, token)
+        if self._events.outbox:
+            self._events.dispatch()
+        return StoreHandle(user, slots, positions, request, internal, accepted_infos, token)
 
     def _prepare_locked(
         self,
@@ -379,20 +326,20 @@ class Engine(MoverMixin):
         infos: Sequence[BlockInfo | None] | None,
     ) -> tuple[list[int], list[BlockKey], list[int], Sequence[BlockInfo | None] | None]:
         """The body of :meth:`prepare_store` (lock held): positions, accepted keys, slots, infos."""
-        pl, slots, dropped = self._reserve(ikeys)
-        if len(pl) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
+        positions, slots, dropped = self._reserve(ikeys)
+        if len(positions) == len(ikeys):  # every key accepted, in order (the usual case): C-level copies
             internal = ikeys[:]
-            sel: Sequence[BlockInfo | None] | None = None if infos is None else list(infos)
+            accepted: Sequence[BlockInfo | None] | None = None if infos is None else list(infos)
         else:
-            internal = [ikeys[p] for p in pl]
-            sel = None if infos is None else [infos[p] for p in pl]
-        if sel is None and request is not None and request.tenant is not None:
-            sel = [BlockInfo(tenant=request.tenant)] * len(pl)
+            internal = [ikeys[p] for p in positions]
+            accepted = None if infos is None else [infos[p] for p in positions]
+        if accepted is None and request is not None and request.tenant is not None:
+            accepted = [BlockInfo(tenant=request.tenant)] * len(positions)
         if dropped:
-            self.c["dropped_stores"] += dropped
+            self.counters["dropped_stores"] += dropped
             index = self.primary.index
             self._emit("dropped", [k for k in ikeys if k not in index])
-        return pl, internal, slots, sel
+        return positions, internal, slots, accepted
 
     def _commit_locked(
         self,
@@ -403,14 +350,10 @@ class Engine(MoverMixin):
     ) -> None:
         """WRITING -> READY for a completed store (lock held), then the write-through cascade."""
         self.primary.commit(keys, slots, infos)
-        self.c["stores"] += len(slots)
+        self.counters["stores"] += len(slots)
         self._emit("stored", keys)
-        if self._write_through:
-            persisted = self.primary.persisted
-            for x in slots:
-                persisted[x] = 1
-            for t in range(len(self.tiers)):
-                self.jobs.submit_store(t, keys, slots, request)
+        if self.writes.copies_on_commit:
+            self.writes.committed(keys, slots, request)
 
     def complete_store(self, handle: StoreHandle, success: bool = True) -> None:
         """Make the slots READY (or free them when ``success`` is false); then the write policy runs."""
@@ -428,8 +371,8 @@ class Engine(MoverMixin):
                 self.primary.abort(keys, slots)
             elif slots:
                 self._commit_locked(keys, slots, handle.infos, handle.request)
-        if self._outbox:
-            self._dispatch()
+        if self._events.outbox:
+            self._events.dispatch()
 
     # -- load --------------------------------------------------------------------------------
     def prepare_load(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LoadHandle:
@@ -454,13 +397,16 @@ class Engine(MoverMixin):
         """Unpin the slots of ``handle`` (reading is finished)."""
         with self._lock:
             self._check_open()
-            self._close_token(handle.token, "complete_load")
-            self.c["loads"] += len(handle.slots)
+            try:
+                self._open_handles.remove(handle.token)
+            except KeyError:
+                raise MisuseError("complete_load: handle already completed or not from this engine") from None
+            self.counters["loads"] += len(handle.slots)
             freed = self.primary.unpin(handle.slots)
             if freed:
                 self._emit("evicted", freed)
-        if self._outbox:
-            self._dispatch()
+        if self._events.outbox:
+            self._events.dispatch()
 
     def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
         """Pin the longest leading run of readable keys (never raises for misses)."""
@@ -477,6 +423,68 @@ class Engine(MoverMixin):
             token = self._next_token()
         return LoadHandle(list(keys[:m]), slots, request, token)
 
+    # -- byte movers (the KVMover component; same names and signatures as ever) ---------------
+    def store_blocks(
+        self,
+        keys: Sequence[BlockKey],
+        data: Any,
+        request: RequestContext | None = None,
+        infos: Sequence[BlockInfo | None] | None = None,
+    ) -> int:
+        """Store ``data[i]`` (``(n, block_bytes)`` uint8 rows or per-block buffers) under ``keys[i]``;
+        returns the number of blocks written (resident keys are skipped)."""
+        return self._mover.store_blocks(keys, data, request, infos)
+
+    def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
+        """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
+        return self._mover.load_blocks(keys, out, request)
+
+    def store_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int:
+        """Gather blocks ``block_ids[i]`` of an engine's KV cache into the primary tier as ``keys[i]``."""
+        return self._mover.store_kv(keys, layout, block_ids, request)
+
+    def load_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int:
+        """Scatter the leading readable blocks of ``keys`` into blocks ``block_ids[i]``; returns count."""
+        return self._mover.load_kv(keys, layout, block_ids, request)
+
+    def submit_store_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int | None:
+        """:meth:`store_kv` on a worker thread. Returns a job id (see :meth:`poll_transfers`), or
+        ``None`` when ``max_inflight_jobs`` transfers are already pending (try again later)."""
+        return self._mover.submit_store_kv(keys, layout, block_ids, request)
+
+    def submit_load_kv(
+        self,
+        keys: Sequence[BlockKey],
+        layout: KVLayout,
+        block_ids: Sequence[int],
+        request: RequestContext | None = None,
+    ) -> int | None:
+        """:meth:`load_kv` on a worker thread, ahead of queued stores. The job's ``successful_keys``
+        lists the keys loaded (partial success when only a leading run was readable)."""
+        return self._mover.submit_load_kv(keys, layout, block_ids, request)
+
+    def poll_transfers(self) -> list[Any]:
+        """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""
+        return self._mover.poll_transfers()
+
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property
     def inflight_jobs(self) -> int:
@@ -488,24 +496,23 @@ class Engine(MoverMixin):
         """Collect finished tier jobs: promotions become READY, store jobs unpin. Returns new events."""
         with self._lock:
             self._check_open()
-            mark = self._nemitted
+            mark = self._events.emitted
             self.jobs.poll_locked()
-            k = min(self._nemitted - mark, len(self._events))
-            ev = self._events  # newest k, read from the right end (O(k), not O(queue))
-            new = [ev[-i] for i in range(k, 0, -1)]
-        if self._outbox:
-            self._dispatch()
+            new = self._events.since(mark)
+        if self._events.outbox:
+            self._events.dispatch()
         return new
 
     def drain(self) -> None:
         """Block until no tier I/O (and no ``submit_*_kv`` copy) touches the primary buffer."""
-        if self._pool is not None:
-            self._pool.drain()
+        pool = self._mover.pool
+        if pool is not None:
+            pool.drain()
         with self._lock:
             self._check_open()
             self.jobs.drain_locked()
-        if self._outbox:
-            self._dispatch()
+        if self._events.outbox:
+            self._events.dispatch()
 
     def flush(self) -> int:
         """Write every READY block not yet in the secondary tiers to them (write-back/after-hits).
@@ -516,26 +523,18 @@ class Engine(MoverMixin):
             self._check_open()
             if not self.tiers:
                 return 0
-            pr = self.primary
-            due = pr.dirty_ready()
-            if due:
-                keys = pr.keys_of(due)
-                for x in due:
-                    pr.persisted[x] = 1
-                for t in range(len(self.tiers)):
-                    self.jobs.submit_store(t, keys, due, None)
-        return len(due)
+            return self.writes.flush()
 
     def reset(self) -> None:
         """Drop every unpinned READY block. Pinned, WRITING and FLUSHING blocks are kept."""
         with self._lock:
             self._check_open()
             dropped = self.primary.drop_unpinned()
-            self.c["resets"] += 1
-            self.c["evictions"] += len(dropped)
+            self.counters["resets"] += 1
+            self.counters["evictions"] += len(dropped)
             self._emit("reset", dropped)
-        if self._outbox:
-            self._dispatch()
+        if self._events.outbox:
+            self._events.dispatch()
 
     def close(self) -> None:
         """Flush (write-back), drain, shut the tiers down and release the buffer. Idempotent."""
@@ -544,7 +543,7 @@ class Engine(MoverMixin):
         # First: a scrape must not read an engine half torn down.
         stop_metrics(self.metrics_exporter)
         self.metrics_exporter = None
-        if self._write_back:
+        if self.writes.flush_dirty:
             self.flush()
         self.drain()
         with self._lock:
@@ -554,8 +553,8 @@ class Engine(MoverMixin):
                     tier.shutdown()
                 except Exception as exc:
                     self.jobs.tier_error(t, "shutdown", exc)
-        if self._pool is not None:
-            self._pool.shutdown()
+        if self._mover.pool is not None:
+            self._mover.pool.shutdown()
         self.primary.close()
 
     def __enter__(self) -> Engine:
@@ -567,24 +566,21 @@ class Engine(MoverMixin):
     # -- observability -----------------------------------------------------------------------
     def events(self) -> list[EngineEvent]:
         """Events since the last call (the queue keeps the newest 65,536)."""
-        with self._lock:
-            out = list(self._events)
-            self._events.clear()
-        return out
+        return self._events.take_all()
 
     def subscribe(self, callback: Callable[[EngineEvent], None]) -> None:
         """Call ``callback(event)`` for every future event, outside the engine's lock."""
-        with self._lock:
-            self._subscribers.append(callback)
+        self._events.subscribe(callback)
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``primary`` slot counts, per-tier stats by name, and engine counters.
 
         Each tier's entry is its ``get_stats()`` plus the engine's ``read_seconds``/``write_seconds``
-        (sum of ``JobResult.seconds`` of its load/store jobs) and ``read_jobs``/``write_jobs``.
+        (sum of ``JobResult.seconds`` of its load/store jobs), ``read_jobs``/``write_jobs`` and
+        ``promotions_skipped_cost`` (keys found there that the cost gate did not load).
         """
         with self._lock:
-            out: dict[str, Any] = dict(self.c)
+            out: dict[str, Any] = dict(self.counters)
             out["primary"] = self.primary.counts()
             out["primary"]["backing"] = self.primary.backing
             tiers: dict[str, Any] = {}
@@ -595,6 +591,7 @@ class Engine(MoverMixin):
                     self.jobs.tier_error(t, "get_stats", exc)
                     d = {}
                 d.update(self.jobs.tier_io(t))
+                d["promotions_skipped_cost"] = self.admission.skipped_cost[t]
                 tiers[tier.name] = d
             out["tiers"] = tiers
             out.update(self.jobs.counters())

@@ -1,4 +1,4 @@
-"""Values the :class:`kvtier.engine.Engine` API takes and returns.
+"""Values the :class:`kvtier.engine.Engine` API takes and returns (requests, reports, handles, events).
 
 These sit on the per-request hot path (the simulator makes hundreds of thousands of calls per
 second), so the ones created per call are ``__slots__`` classes or named tuples with plain
@@ -13,11 +13,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from kvtier.keys import BlockKey, LookupResult
+from kvtier.keys import BlockKey, LookupCode, LookupResult
 
 __all__ = ["EngineEvent", "LoadHandle", "LookupReport", "RequestContext", "StoreHandle"]
 
-_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
+# Code -> result, indexed by the byte value (derived once from LookupCode).
+_RESULTS = tuple(code.result for code in LookupCode)
+_ALL_MISS, _ALL_HIT = bytes([LookupCode.MISS]), bytes([LookupCode.HIT])
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class LookupReport:
 
     __slots__ = ("_results", "codes", "num_hits", "pending")
 
-    MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
+    MISS, HIT, HIT_PENDING, RETRY = (int(code) for code in LookupCode)
 
     def __init__(
         self,
@@ -54,16 +56,16 @@ class LookupReport:
         self.pending = pending
         self._results = results
         if codes is None:
-            codes = bytes(_RESULTS.index(r) for r in (results or ()))
+            codes = bytes(LookupCode.of(r) for r in (results or ()))
         self.codes = codes
 
     @property
     def results(self) -> list[LookupResult]:
         if self._results is None:
             c = self.codes
-            if not c.strip(b"\x00"):  # all misses (the common request): one C-level list
+            if not c.strip(_ALL_MISS):  # all misses (the common request): one C-level list
                 self._results = [LookupResult.MISS] * len(c)
-            elif not c.strip(b"\x01"):
+            elif not c.strip(_ALL_HIT):
                 self._results = [LookupResult.HIT] * len(c)
             else:
                 self._results = [_RESULTS[x] for x in c]
@@ -72,7 +74,7 @@ class LookupReport:
     @property
     def hits(self) -> int:
         """Keys answered HIT anywhere in the list (not only the leading run)."""
-        return self.codes.count(1)
+        return self.codes.count(LookupReport.HIT)
 
     def __len__(self) -> int:
         return len(self.codes)

@@ -1,0 +1,289 @@
+"""The job book: every tier job of one engine from submission to its one result.
+
+Owns the in-flight jobs (id -> tier, kind, keys, slots), the FIFO of store jobs waiting for budget,
+the job counters (``jobs_submitted``, ``jobs_finished``, ...), the per-tier I/O seconds and the
+rate-limited logging of tier failures. It applies each :class:`~kvtier.jobs.JobResult` exactly once:
+a finished promotion makes its slots READY (or frees them), a finished store unpins its slots.
+
+It does not decide *what* to copy (the write policies in :mod:`kvtier.engine.writes` do) nor *whether*
+to promote (:mod:`kvtier.engine.admission` does); it is given only what it needs: the primary tier,
+the tiers, the job-id source, the clock, an ``emit(kind, keys, tier)`` callback, the engine's counter
+dict and the :class:`~kvtier.engine.residency.Residency` it reports copies to. Every method runs
+under the engine's lock (the ``*_locked`` names say so where it matters).
+
+Back-pressure: at most ``max_inflight`` tier jobs are in flight; a store over budget waits in a
+bounded FIFO (``4 * max_inflight``), its slots pinned, and is submitted by the next ``poll``; when
+the FIFO is full the oldest waiting store is given up (slots unpinned, ``tier_stores_dropped``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvtier.engine.residency import Residency
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey
+from kvtier.primary import PrimaryTier
+from kvtier.tiers.base import SecondaryTier
+
+__all__ = ["Emit", "JobBook", "TierIo"]
+
+log = logging.getLogger("kvtier.engine")
+
+_LOG_EVERY = 60.0
+
+#: ``emit(kind, keys, tier)``: record an :class:`~kvtier.engine.types.EngineEvent`.
+Emit = Callable[[str, Sequence[BlockKey], "str | None"], None]
+
+
+@dataclass(slots=True)
+class _Job:
+    tier: int
+    promotion: bool
+    keys: list[BlockKey]
+    slots: list[int]
+
+
+@dataclass(slots=True)
+class TierIo:
+    """Engine-side I/O totals of one tier, over every reported job.
+
+    ``read`` is tier -> primary (promotions), ``write`` is primary -> tier (stores); seconds are the
+    sum of the tiers' ``JobResult.seconds``.
+    """
+
+    read_seconds: float = 0.0
+    write_seconds: float = 0.0
+    read_jobs: int = 0
+    write_jobs: int = 0
+
+
+class JobBook:
+    """In-flight and waiting tier jobs of one engine.
+
+    Args:
+        primary: the slots the jobs read and write.
+        tiers: the secondary tiers, by index (``t`` below).
+        ids: returns a fresh job id per call (shared with the transfer pool, so ids never collide).
+        clock: stamps each :class:`~kvtier.jobs.TransferJob`.
+        emit: records ``stored``/``promoted``/``*_failed``/``evicted`` events.
+        counters: the engine's counters (``tier_errors``, ``promotions``, ``promotions_failed``).
+        residency: told when a promotion lands and when a store's copy is lost.
+        max_inflight: the job budget (``max_inflight_jobs``).
+    """
+
+    def __init__(
+        self,
+        primary: PrimaryTier,
+        tiers: Sequence[SecondaryTier],
+        ids: Callable[[], int],
+        clock: Callable[[], float],
+        emit: Emit,
+        counters: dict[str, int],
+        residency: Residency,
+        max_inflight: int,
+    ) -> None:
+        self._primary = primary
+        self._tiers = tiers
+        self._ids = ids
+        self._clock = clock
+        self._emit = emit
+        self._counters = counters
+        self._residency = residency
+        self.max_inflight = max_inflight
+        self.max_deferred = 4 * max_inflight
+        self.jobs: dict[int, _Job] = {}
+        self.deferred: deque[tuple[int, list[BlockKey], list[int], Any]] = deque()
+        self.promotions_inflight = 0
+        self.job_counts: dict[str, int] = dict.fromkeys(
+            ("jobs_submitted", "jobs_finished", "jobs_failed", "unknown_results", "tier_stores_dropped"), 0
+        )
+        self.tier_io_totals: list[TierIo] = [TierIo() for _ in tiers]
+        self._logged: dict[tuple[int, str], float] = {}
+
+    @property
+    def inflight(self) -> int:
+        return len(self.jobs)
+
+    def counters(self) -> dict[str, int]:
+        """Job counters for ``Engine.stats()``."""
+        out = dict(self.job_counts)
+        out["jobs_inflight"] = len(self.jobs)
+        out["promotions_inflight"] = self.promotions_inflight
+        out["deferred_stores"] = len(self.deferred)
+        return out
+
+    def tier_io(self, t: int) -> dict[str, float | int]:
+        """Seconds and jobs per direction of tier ``t`` (see :class:`TierIo`)."""
+        io = self.tier_io_totals[t]
+        return {
+            "read_seconds": io.read_seconds,
+            "write_seconds": io.write_seconds,
+            "read_jobs": io.read_jobs,
+            "write_jobs": io.write_jobs,
+        }
+
+    def tier_error(self, t: int, what: str, exc: BaseException) -> None:
+        """Count a tier failure; log it at most once a minute per (tier, operation)."""
+        self._counters["tier_errors"] += 1
+        now = time.monotonic()
+        if now - self._logged.get((t, what), -_LOG_EVERY) >= _LOG_EVERY:
+            self._logged[(t, what)] = now
+            name = self._tiers[t].name if t < len(self._tiers) else str(t)
+            log.warning(
+                "kvtier: tier %s %s failed (treated as a miss): %s: %s", name, what, type(exc).__name__, exc
+            )
+
+    # -- promotions --------------------------------------------------------------------------
+    def submit_load(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> bool:
+        """Submit one promotion job: tier ``t`` copies ``keys`` into their WRITING ``slots``.
+
+        Returns False when the tier refused the job (it is then finished as failed: slots freed).
+        """
+        job_id = self._ids()
+        self.jobs[job_id] = _Job(t, True, keys, slots)
+        self.promotions_inflight += 1
+        self.job_counts["jobs_submitted"] += 1
+        try:
+            job = TransferJob(job_id, keys, np.array(slots, dtype=np.int32), True, request, self._clock())
+            self._tiers[t].submit_load(job)
+        except Exception as exc:
+            self.tier_error(t, "submit_load", exc)
+            self.finish(t, JobResult(job_id, False, error=f"{type(exc).__name__}: {exc}"))
+            return False
+        return True
+
+    # -- stores ------------------------------------------------------------------------------
+    def submit_store(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
+        """Copy READY/FLUSHING ``slots`` to tier ``t``; the slots stay pinned until the job ends."""
+        self._primary.pin(slots)
+        if len(self.jobs) >= self.max_inflight or self.deferred:
+            self.deferred.append((t, keys, slots, request))
+            while len(self.deferred) > self.max_deferred:
+                _, given_up_keys, given_up_slots, _ = self.deferred.popleft()
+                self.job_counts["tier_stores_dropped"] += len(given_up_keys)
+                self._residency.lost(given_up_slots)
+                self._unpin(given_up_slots)
+            return
+        self._submit_store_now(t, keys, slots, request)
+
+    def _submit_store_now(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
+        job_id = self._ids()
+        self.jobs[job_id] = _Job(t, False, keys, slots)
+        self.job_counts["jobs_submitted"] += 1
+        try:
+            job = TransferJob(
+                job_id, list(keys), np.array(slots, dtype=np.int32), False, request, self._clock()
+            )
+            self._tiers[t].submit_store(job)
+        except Exception as exc:
+            self.tier_error(t, "submit_store", exc)
+            self.finish(t, JobResult(job_id, False, error=f"{type(exc).__name__}: {exc}"))
+
+    def _unpin(self, slots: list[int]) -> None:
+        freed = self._primary.unpin(slots)
+        if freed:
+            self._emit("evicted", freed, None)
+
+    def pump(self) -> None:
+        """Submit waiting stores while the budget allows."""
+        while self.deferred and len(self.jobs) < self.max_inflight:
+            t, keys, slots, request = self.deferred.popleft()
+            self._submit_store_now(t, keys, slots, request)
+
+    # -- completion --------------------------------------------------------------------------
+    def finish(self, t: int, result: JobResult) -> None:
+        """Apply one job result (each job is applied exactly once; strays are counted and ignored)."""
+        rec = self.jobs.get(result.job_id)
+        if rec is None or rec.tier != t:
+            self.job_counts["unknown_results"] += 1
+            log.error(
+                "kvtier: tier #%d reported unknown or already finished job %s (tier bug)", t, result.job_id
+            )
+            return
+        del self.jobs[result.job_id]
+        name = self._tiers[t].name
+        io = self.tier_io_totals[t]
+        secs = result.seconds if isinstance(result.seconds, float | int) else 0.0  # a sloppy tier's None
+        if rec.promotion:
+            io.read_seconds += secs
+            io.read_jobs += 1
+        else:
+            io.write_seconds += secs
+            io.write_jobs += 1
+        self.job_counts["jobs_finished"] += 1
+        if not result.success:
+            self.job_counts["jobs_failed"] += 1
+        bad_keys: list[BlockKey] = []
+        bad_slots: list[int] = []
+        if result.success and result.successful_keys is None:
+            ok_keys, ok_slots = rec.keys, rec.slots
+        else:
+            got = result.successful_keys or frozenset()
+            ok_keys, ok_slots = [], []
+            for k, x in zip(rec.keys, rec.slots, strict=True):
+                if k in got:
+                    ok_keys.append(k)
+                    ok_slots.append(x)
+                else:
+                    bad_keys.append(k)
+                    bad_slots.append(x)
+        if rec.promotion:
+            self.promotions_inflight -= 1
+            pr = self._primary
+            pr.commit(ok_keys, ok_slots, None)
+            self._residency.copied(ok_slots)  # it came from a tier: write-back need not flush it
+            pr.abort(bad_keys, bad_slots)
+            self._counters["promotions"] += len(ok_keys)
+            self._counters["promotions_failed"] += len(bad_keys)
+            if ok_keys:
+                self._emit("promoted", ok_keys, name)
+            if bad_keys:
+                self._emit("promotion_failed", bad_keys, name)
+            return
+        if ok_keys:
+            self._emit("stored", ok_keys, name)
+        if bad_keys:
+            self._residency.lost(bad_slots)  # write-back/after-hits may try again later
+            self._emit("store_failed", bad_keys, name)
+        self._unpin(rec.slots)
+
+    def poll_locked(self) -> None:
+        """Collect every tier's finished jobs, then submit waiting stores."""
+        for t, tier in enumerate(self._tiers):
+            try:
+                results = tier.get_finished_jobs()
+            except Exception as exc:
+                self.tier_error(t, "get_finished_jobs", exc)
+                continue
+            for r in results:
+                self.finish(t, r)
+        self.pump()
+
+    def drain_locked(self) -> None:
+        """Until no job is in flight or waiting: submit, drain every tier, collect."""
+        while True:
+            before = len(self.jobs) + len(self.deferred)
+            self.pump()
+            for t, tier in enumerate(self._tiers):
+                try:
+                    tier.drain()
+                except Exception as exc:
+                    self.tier_error(t, "drain", exc)
+            self.poll_locked()
+            after = len(self.jobs) + len(self.deferred)
+            if after == 0:
+                return
+            if after >= before:
+                # A tier drained but did not report its jobs: contract breach; do not spin forever.
+                log.error(
+                    "kvtier: %d tier job(s) still unreported after drain(); their slots stay pinned", after
+                )
+                return
