@@ -3,7 +3,10 @@
 Loaded from a dict, a JSON or YAML file, or a JSON string (the form vLLM users pass as
 ``kv_connector_extra_config``). Key names match vLLM's where the concept exists (``cpu_bytes_to_use``,
 ``secondary_tiers``, ``type``, ``module_path``, ``eviction_policy``, ``cache_policy_module_path``,
-``spec_name``, ``spec_module_path``).
+``spec_name``, ``spec_module_path``; the fs tier's ``n_read_threads``/``n_write_threads``); a vLLM key
+with no kvtier meaning (``block_size`` counts tokens) is refused with what vLLM means by it and what
+to write instead. vLLM's whole ``--kv-transfer-config`` object is accepted too: it loads as the
+config of the kvtier tiers in it (:mod:`kvtier.integrations.vllm_config`).
 
 Every error is a one-line :class:`~kvtier.errors.ConfigError` whose message starts with the key path
 (``secondary_tiers[1].root_dir: ...``) and says what would be accepted.
@@ -16,7 +19,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -195,6 +198,20 @@ class KvtierConfig:
 _TOP_KEYS = [f.name for f in fields(KvtierConfig) if f.name != "raw"]
 
 
+# Built-in tiers whose entries take vLLM's tier keys with vLLM's meaning (or refuse them saying why).
+_VLLM_AWARE_TIERS = ("fs", "example")
+
+
+def _vllm_tier_keys(ttype: str, options: dict[str, Any], path: str) -> dict[str, Any]:
+    from kvtier.integrations import vllm_config
+
+    for key in options:
+        error = vllm_config.explain_vllm_key(key, path, tier=True)
+        if error is not None:
+            raise error
+    return vllm_config.fs_threads(options, path) if ttype == "fs" else options
+
+
 def _parse_tiers(value: Any) -> tuple[TierConfig, ...]:
     if value is None:
         return ()
@@ -212,6 +229,8 @@ def _parse_tiers(value: Any) -> tuple[TierConfig, ...]:
         options = {k: v for k, v in entry.items() if k not in ("type", "module_path")}
         for k in options:
             _expect(k, str, path, "string keys")
+        if module_path is None and ttype in _VLLM_AWARE_TIERS:
+            options = _vllm_tier_keys(ttype, options, f"{path}.")
         tiers.append(TierConfig(type=ttype, module_path=module_path, options=options, index=i))
     return tuple(tiers)
 
@@ -241,9 +260,17 @@ def _parse_plugins(value: Any) -> PluginsConfig:
 def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("", f"config must be an object/mapping, got {type(raw).__name__}")
+    from kvtier.integrations import vllm_config
+
+    if vllm_config.is_kv_transfer_config(raw):
+        # vLLM's whole --kv-transfer-config: the kvtier tiers in it, keeping their index in vLLM's list.
+        inner, indices = vllm_config.kvtier_mapping(raw)
+        cfg = _from_mapping(inner)
+        tiers = tuple(replace(tc, index=i) for tc, i in zip(cfg.secondary_tiers, indices, strict=True))
+        return replace(cfg, secondary_tiers=tiers, raw=dict(raw))
     for k in raw:
         if not isinstance(k, str) or k not in _TOP_KEYS:
-            raise _unknown_key("", str(k), _TOP_KEYS)
+            raise vllm_config.explain_vllm_key(str(k), "") or _unknown_key("", str(k), _TOP_KEYS)
     d = KvtierConfig()
     kw: dict[str, Any] = {}
     for key in ("cpu_bytes_to_use", "block_bytes"):

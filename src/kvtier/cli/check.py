@@ -1,5 +1,8 @@
 """``kvtier check CONFIG``: validate a config and prove every configured tier works.
 
+CONFIG may also be vLLM's whole ``--kv-transfer-config`` object: its kvtier tiers (the
+``KvtierTier`` entries) are checked, vLLM's own tiers are listed and left to vLLM.
+
 Steps: load and validate the config; build the spec, the primary tier's policy and every secondary
 tier (out-of-tree ones too, through the registry and the ``plugins`` trust boundary) over a small heap
 buffer of two slots; round-trip one random block through each tier (store, lookup, load, compare
@@ -146,6 +149,7 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
 
     from kvtier.cli.main import error_line
     from kvtier.config import load_config
+    from kvtier.integrations.vllm_config import vllm_owned_tiers
     from kvtier.plugins import create_spec, tier_contexts
 
     cfg = load_config(source)
@@ -191,6 +195,8 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
             "backing": cfg.primary_backing,
         },
         "tiers": [c.as_dict() for c in checks],
+        # vLLM's --kv-transfer-config also lists tiers vLLM builds itself; kvtier leaves them to vLLM.
+        "vllm_tiers": vllm_owned_tiers(cfg.raw),
     }
 
 
@@ -247,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print("secondary tiers: none configured (primary tier only)")
+        if report["vllm_tiers"]:
+            print(f"vLLM's own tiers (built by vLLM, not checked): {', '.join(report['vllm_tiers'])}")
         print("OK" if report["ok"] else "FAILED: a tier did not round-trip its probe block")
     return 0 if report["ok"] else 1
 
