@@ -26,8 +26,10 @@ a number is a list index (the next free index appends an entry)::
 Names are read in lower case (use a file for a key with capitals). A value is JSON when it parses as
 JSON (``8``, ``true``, ``null``, ``[...]``, ``{...}``), else text; keys that take text (``model``,
 ``cache_salt``, ``eviction_policy``...) always get the text as written. ``KVTIER_CONFIG`` names the
-file; ``KVTIER_TEST_*`` variables belong to the test suite; any other ``KVTIER_*`` that names no key is
-an error (a typo must not be silently ignored).
+file; ``KVTIER_TEST_*`` variables belong to the test suite. A ``KVTIER_*`` name close to a setting
+(``KVTIER_EVICTION_POLCY``) is an error with a "did you mean" (a typo must not be silently ignored);
+one that resembles no setting (``KVTIER_P2P_SECRET``, a secret a tier reads by name) is not a
+setting and is left alone.
 
 Secrets. A key named like a secret (``password``, ``mac_key``, ``token``, ``api_key``...; see
 :func:`is_secret_key`) may be given as ``KVTIER_..._<KEY>_FILE=/run/secrets/x``: the file's content
@@ -213,11 +215,14 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[str, list[str | int], A
         if segments[0] not in _FIELDS:
             valid = sorted(_FIELDS)
             close = difflib.get_close_matches(segments[0], valid, n=1)
-            hint = f" (did you mean {ENV_PREFIX}{close[0].upper()}?)" if close else ""
+            if not close:
+                # Not a setting and not a near miss: a variable of the deployment's own that merely
+                # shares the prefix (a secret named by ``password_env``, say). Leave it alone.
+                continue
             raise ConfigError(
                 name,
-                f"names no kvtier setting{hint}; settings are {', '.join(valid)} "
-                f"(plus {CONFIG_ENV} for the file); unset it or fix the name",
+                f"names no kvtier setting (did you mean {ENV_PREFIX}{close[0].upper()}?); settings are "
+                f"{', '.join(valid)} (plus {CONFIG_ENV} for the file); unset it or fix the name",
             )
         raw = env[name]
         last = segments[-1]
