@@ -343,7 +343,7 @@ class RemoteTier(AsyncTier):
         self, items: list[Item], op: Callable[[Any, str, list[Item]], ChunkOutcome]
     ) -> ChunkOutcome:
         # The client first: building it may load what routing needs (a Cluster's slot map).
-        ready = self._call("", lambda client: client)
+        ready = self._call("", lambda client: client, answered=False)
         if isinstance(ready, TierError):
             return ChunkOutcome(error=str(ready))
         groups: dict[str, list[Item]] = {}
@@ -362,15 +362,17 @@ class RemoteTier(AsyncTier):
             error = error or result.error
         return ChunkOutcome(done=done, nbytes=nbytes, error=error)
 
-    def _call(self, route: str, fn: Callable[[Any], T]) -> T | TierError:
-        """Run ``fn(client)``; feed the route's breaker; return the result or the mapped error."""
+    def _call(self, route: str, fn: Callable[[Any], T], *, answered: bool = True) -> T | TierError:
+        """Run ``fn(client)``; feed the route's breaker (a success only if ``answered``: the server
+        took part); return the result or the mapped error."""
         try:
             result = fn(self._client())
         except Exception as exc:
             err = self.error_map.translate(exc)
             self._on_error(route, err)
             return err
-        self.breaker(route).success()
+        if answered:
+            self.breaker(route).success()
         return result
 
     def _on_error(self, route: str, err: TierError) -> None:
@@ -416,7 +418,7 @@ class RemoteTier(AsyncTier):
                 if not keys:
                     self._checkers -= 1
                     return
-            ready = self._call("", lambda client: client)
+            ready = self._call("", lambda client: client, answered=False)
             if isinstance(ready, TierError):
                 with self._lock:
                     self.index.abandon(keys)
