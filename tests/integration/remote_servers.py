@@ -45,7 +45,7 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with or without a password)
     except OSError:
         return False
 

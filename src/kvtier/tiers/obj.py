@@ -4,7 +4,7 @@ MinIO), shared by every instance that uses the same bucket and prefix.
 Config (docs/remote.md has copyable examples)::
 
     {"type": "obj", "bucket": "kv-cache", "prefix": "prod", "region": "eu-west-1"}
-    {"type": "obj", "bucket": "kv", "endpoint_url": "http://rgw:7480", "addressing_style": "path"}
+    {"type": "obj", "bucket": "kv-cache", "endpoint_url": "http://rgw:7480", "addressing_style": "path"}
 
 * **Objects** are ``<prefix>/<namespace>/<hex of the block key>`` (keys over 200 bytes: ``x`` and
   their xxh3-128; the header holds the real key). Each is a :mod:`kvtier.codec` blob, verified on
@@ -249,7 +249,7 @@ class ObjTier(RemoteTier):
     # -- RemoteTier hooks ------------------------------------------------------------------------------
     def _connect(self) -> Any:
         session = boto3.session.Session()  # sessions are not thread-safe: one per worker
-        return session.client(
+        client = session.client(
             "s3",
             endpoint_url=self.endpoint_url,
             region_name=self.region,
@@ -265,6 +265,20 @@ class ObjTier(RemoteTier):
             ),
             **{k: v for k, v in self._credentials.items() if v is not None},
         )
+        if self.create_bucket and not self._booted:
+            with self._boot_lock:  # before this worker's first request, once for all of them
+                if not self._booted:
+                    self._make_bucket(client)
+                    self._booted = True
+        return client
+
+    def _make_bucket(self, client: Any) -> None:
+        try:
+            client.create_bucket(Bucket=self.bucket)
+        except bx.ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         done: list[BlockKey] = []
@@ -355,7 +369,7 @@ class ObjTier(RemoteTier):
             raise
 
     def _boot(self) -> None:
-        """Create the bucket if asked, then list up to ``warm_listing`` objects into the index."""
+        """List up to ``warm_listing`` objects into the index (the bucket is made by ``_connect``)."""
         result = self._call("", self._boot_with)
         if isinstance(result, TierError):
             self.rlog.warning("boot", f"kvtier {self.name}: bucket listing failed: {result}")
@@ -363,15 +377,6 @@ class ObjTier(RemoteTier):
             self.index.warm = True  # listed or not: stop making unknown keys wait
 
     def _boot_with(self, client: Any) -> None:
-        if self.create_bucket:
-            try:
-                client.create_bucket(Bucket=self.bucket)
-            except bx.ClientError as exc:
-                if str(exc.response.get("Error", {}).get("Code", "")) not in (
-                    "BucketAlreadyOwnedByYou",
-                    "BucketAlreadyExists",
-                ):
-                    raise
         if not self.warm_listing:
             return
         found: list[tuple[Any, BlockKey, int]] = []
