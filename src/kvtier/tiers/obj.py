@@ -299,12 +299,18 @@ class ObjTier(RemoteTier):
         for key, slot in items:
             try:
                 resp = client.get_object(Bucket=self.bucket, Key=self.object_name(key))
-                blob = resp["Body"].read()
             except bx.ClientError as exc:
                 if not _is_missing(exc):
                     raise
-                blob = None
-            if self._fill(key, slot, blob):
+                self._vanished(key)
+                continue
+            body = resp["Body"]
+            try:
+                # Header into a small buffer, payload straight into the slot, verified there.
+                ok = self._receive(key, slot, body.readinto, int(resp.get("ContentLength", -1)))
+            finally:
+                body.close()  # a body not read to its end must not go back to the connection pool
+            if ok:
                 done.append(key)
                 if self.max_bytes is not None:
                     with self._lock:
