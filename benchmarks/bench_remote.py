@@ -8,7 +8,7 @@ For 512 KiB and 4 MiB blocks:
   same blocks per pipeline, once with redis-py's default packer (hiredis when installed) and once
   with its pure-Python packer. The reference is the faster raw variant (the strongest baseline);
   with hiredis installed its packer copies every value, which is why kvtier sends values itself.
-* **s3**: the ``obj`` tier on the S3 endpoint (``--s3-endpoint``, default ``$KVTIER_S3_ENDPOINT``)
+* **s3**: the ``obj`` tier on the S3 endpoint (``--s3-endpoint``, default ``$KVTIER_TEST_S3_ENDPOINT``)
   next to plain boto3 ``put_object`` / ``get_object().read()`` with the same threads (one client per
   thread, default config), and boto3 with kvtier's client settings (CRC32 off) as a second raw
   variant. The ratio uses the plain default client (what a user would write); the tuned figure
@@ -63,7 +63,9 @@ def tier_round(tier: AsyncTier, primary: PrimaryBuffer, n: int, tag: str) -> tup
     res = wait_for_jobs(tier, [job.job_id], timeout=120)[job.job_id]
     t_load = time.perf_counter() - t0
     assert res.success, res.error
-    assert np.array_equal(primary.rows[n : 2 * n, : primary.block_bytes], primary.rows[:n, : primary.block_bytes])
+    assert np.array_equal(
+        primary.rows[n : 2 * n, : primary.block_bytes], primary.rows[:n, : primary.block_bytes]
+    )
     return t_store, t_load
 
 
@@ -167,7 +169,12 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
         proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
     mib = n * block / MIB
-    out: dict[str, Any] = {"block_bytes": block, "blocks": n, "threads": threads, "hiredis": HIREDIS_AVAILABLE}
+    out: dict[str, Any] = {
+        "block_bytes": block,
+        "blocks": n,
+        "threads": threads,
+        "hiredis": HIREDIS_AVAILABLE,
+    }
     for k, v in best.items():
         out[f"{k}_mib_s"] = round(mib / v, 1)
     for op in ("store", "load"):
@@ -184,8 +191,8 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
     from kvtier.tiers.obj import ObjTier
 
     creds = {
-        "aws_access_key_id": os.environ.get("KVTIER_S3_ACCESS_KEY", "kvtier"),
-        "aws_secret_access_key": os.environ.get("KVTIER_S3_SECRET_KEY", "kvtier-secret"),
+        "aws_access_key_id": os.environ.get("KVTIER_TEST_S3_ACCESS_KEY", "kvtier"),
+        "aws_secret_access_key": os.environ.get("KVTIER_TEST_S3_SECRET_KEY", "kvtier-secret"),
     }
     bucket = "kvtier-bench"
     primary = PrimaryBuffer.heap(2 * n, block, block)
@@ -199,9 +206,11 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
     configs = {
         "default": Config(s3={"addressing_style": "path"}, max_pool_connections=threads),
         "tuned": Config(
-            s3={"addressing_style": "path"}, max_pool_connections=threads,
-            request_checksum_calculation="when_required", response_checksum_validation="when_required",
-        ),  # fmt: skip
+            s3={"addressing_style": "path"},
+            max_pool_connections=threads,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
     }
     local = threading.local()
 
@@ -260,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_S3_ENDPOINT", ""))
+    ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_TEST_S3_ENDPOINT", ""))
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     sizes = [int(s[:-3]) * (1024 if s.endswith("KiB") else MIB) for s in args.sizes.split(",")]

@@ -138,13 +138,13 @@ class RedisCluster:
 
 
 def s3_settings() -> dict[str, str]:
-    """The S3 endpoint of the Ceph RGW gateway (env ``KVTIER_S3_ENDPOINT``), or skip/fail."""
-    endpoint = os.environ.get("KVTIER_S3_ENDPOINT", "")
-    need(bool(endpoint), "KVTIER_S3_ENDPOINT is not set (start ../shared/tools/ceph-rgw.sh)")
+    """The S3 endpoint of the Ceph RGW gateway (env ``KVTIER_TEST_S3_ENDPOINT``), or skip/fail."""
+    endpoint = os.environ.get("KVTIER_TEST_S3_ENDPOINT", "")
+    need(bool(endpoint), "KVTIER_TEST_S3_ENDPOINT is not set (start ../shared/tools/ceph-rgw.sh)")
     return {
         "endpoint_url": endpoint,
-        "access_key_id": os.environ.get("KVTIER_S3_ACCESS_KEY", "kvtier"),
-        "secret_access_key": os.environ.get("KVTIER_S3_SECRET_KEY", "kvtier-secret"),
+        "access_key_id": os.environ.get("KVTIER_TEST_S3_ACCESS_KEY", "kvtier"),
+        "secret_access_key": os.environ.get("KVTIER_TEST_S3_SECRET_KEY", "kvtier-secret"),
     }
 
 
@@ -158,14 +158,14 @@ def redis_server(workdir: Path, **kw: object):  # type: ignore[no-untyped-def]
 
 
 class CephGateway:
-    """The radosgw process of the Ceph cluster ``ceph-rgw.sh`` started (env ``KVTIER_CEPH_DIR``):
+    """The radosgw process of the Ceph cluster ``ceph-rgw.sh`` started (env ``KVTIER_TEST_CEPH_DIR``):
     stopped and restarted alone, with the conf the script wrote; the cluster keeps running."""
 
     def __init__(self, endpoint: str) -> None:
-        self.dir = Path(os.environ.get("KVTIER_CEPH_DIR", ""))
+        self.dir = Path(os.environ.get("KVTIER_TEST_CEPH_DIR", ""))
         need(
-            bool(os.environ.get("KVTIER_CEPH_DIR")) and (self.dir / "ceph.conf").is_file(),
-            "KVTIER_CEPH_DIR does not name the directory of a running ceph-rgw.sh cluster",
+            bool(os.environ.get("KVTIER_TEST_CEPH_DIR")) and (self.dir / "ceph.conf").is_file(),
+            "KVTIER_TEST_CEPH_DIR does not name the directory of a running ceph-rgw.sh cluster",
         )
         self.endpoint = endpoint
         self.pidfile = self.dir / "run" / "client.rgw.0.pid"

@@ -182,3 +182,18 @@ def test_ttl_expires_blocks(single: RedisServer) -> None:
         assert 25_000 < pttl <= 30_000
     finally:
         tier.shutdown()
+
+
+def test_unix_socket_url(tmp_path: Path) -> None:
+    sock = tmp_path / "redis.sock"
+    server = RedisServer(tmp_path / "u", extra=("--unixsocket", str(sock), "--unixsocketperm", "700"))
+    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    written = primary.fill_random([0], seed=9)
+    tier = _tier(primary, f"unix://{sock}?db=0", "unix")
+    try:
+        assert _store(tier, [BlockKey(b"u")], [0], 1)
+        assert _load(tier, [BlockKey(b"u")], [1], 2) == {BlockKey(b"u")}
+        assert primary.block(1).tobytes() == written[0]
+    finally:
+        tier.shutdown()
+        server.kill()

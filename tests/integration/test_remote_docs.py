@@ -57,7 +57,7 @@ def _check(cfg: dict[str, Any]) -> None:
 
 def test_single_redis_config_round_trips(single: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = configs()[0]
-    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", "")
+    monkeypatch.setenv("REDIS_PASSWORD", "")
     tier = cfg["secondary_tiers"][0]
     tier["url"] = single.url
     del tier["password_env"]  # the local server has no password; the option itself is tested below
@@ -68,7 +68,7 @@ def test_password_env_is_used_and_never_shown(tmp_path: Path, monkeypatch: pytes
     need_module("redis", "redis")
     server = RedisServer(tmp_path / "auth", extra=("--requirepass", "s3cret-pw"))
     try:
-        monkeypatch.setenv("KVTIER_REDIS_PASSWORD", "s3cret-pw")
+        monkeypatch.setenv("REDIS_PASSWORD", "s3cret-pw")
         cfg = configs()[0]
         cfg["secondary_tiers"][0]["url"] = f"redis://:inline-pw@127.0.0.1:{server.port}/0"
         report = check_config({**cfg, "block_bytes": 65536, "cpu_bytes_to_use": 1 << 20}, timeout=30)
@@ -125,8 +125,8 @@ def test_aws_config_builds_without_contacting_aws(monkeypatch: pytest.MonkeyPatc
 def test_ceph_config_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
     need_module("boto3", "s3")
     s3 = s3_settings()
-    monkeypatch.setenv("KVTIER_S3_ACCESS_KEY", s3["access_key_id"])
-    monkeypatch.setenv("KVTIER_S3_SECRET_KEY", s3["secret_access_key"])
+    monkeypatch.setenv("S3_ACCESS_KEY", s3["access_key_id"])
+    monkeypatch.setenv("S3_SECRET_KEY", s3["secret_access_key"])
     cfg = configs()[3]
     cfg["secondary_tiers"][0]["endpoint_url"] = s3["endpoint_url"]
     _check(cfg)

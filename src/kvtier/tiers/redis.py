@@ -174,7 +174,8 @@ class RedisTier(RemoteTier):
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ConfigError("key_prefix", f"expected a non-empty string, got {key_prefix!r}")
         self.ttl_ms = None if ttl is None else int(positive_number("ttl", ttl) * 1000)
-        self._url = urllib.parse.urlunsplit(parsed._replace(scheme=parsed.scheme.replace("+cluster", "")))
+        # Drop "+cluster" from the scheme only (urlunsplit would turn "unix:///p" into "unix:/p").
+        self._url = url.replace("+cluster://", "://", 1)
         self._password: str | None = None
         if password_env is not None:
             if not isinstance(password_env, str) or password_env not in os.environ:
