@@ -83,6 +83,7 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while not _ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()  # never leave a half-started server behind
                 raise RuntimeError(f"redis-server on port {self.port} did not start")
             time.sleep(0.02)
 
