@@ -34,6 +34,10 @@ __all__ = [
 _BUILTIN_TIERS = {
     "example": "kvtier.tiers.example:ExampleTier",
     "fs": "kvtier.tiers.fs:FsTier",
+    "redis": "kvtier.tiers.redis:RedisTier",
+    "obj": "kvtier.tiers.obj:ObjTier",
+    # The issue and AWS users say "s3"; the seed's tier list says "obj".
+    "s3": "kvtier.tiers.obj:ObjTier",
 }
 _BUILTIN_POLICIES = {
     "lru": "kvtier.policies.lru:LRUPolicy",
