@@ -408,6 +408,26 @@ class Engine:
         if self._events.outbox:
             self._events.dispatch()
 
+    def resident(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Whether each engine-internal key is readable in the primary tier now (no side effects)."""
+        with self._lock:
+            self._check_open()
+            pr = self.primary
+            return [pr.readable(s) for s in pr.find(keys)]
+
+    def pin_resident(self, keys: Sequence[BlockKey]) -> LoadHandle:
+        """Pin the readable ones of engine-internal ``keys`` (no scoping, promotion or policy touch);
+        the handle lists those keys and slots in order. Release with :meth:`complete_load`. The p2p
+        block server sends pinned slots to peers straight from ``primary_kv_view``."""
+        with self._lock:
+            self._check_open()
+            pr = self.primary
+            found = [(k, s) for k, s in zip(keys, pr.find(keys), strict=True) if pr.readable(s)]
+            slots = [s for _, s in found]
+            pr.pin(slots)
+            token = self._next_token()
+        return LoadHandle([k for k, _ in found], slots, None, token)
+
     def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
         """Pin the longest leading run of readable keys (never raises for misses)."""
         ikeys = self._scope(keys, request)
