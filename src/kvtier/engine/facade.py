@@ -46,6 +46,7 @@ from kvtier.engine.build import (
     build_tiers,
     config_namespace,
     resolve_policy,
+    start_block_service,
     start_metrics,
     stop_metrics,
 )
@@ -175,6 +176,8 @@ class Engine:
         )
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
+        #: The p2p block service a ``p2p`` tier's ``serve`` options started (``None`` otherwise).
+        self.block_service = start_block_service(self) if self.tiers else None
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -563,6 +566,8 @@ class Engine:
         # First: a scrape must not read an engine half torn down.
         stop_metrics(self.metrics_exporter)
         self.metrics_exporter = None
+        if self.block_service is not None:  # peers stop reading our slots before they go away
+            self.block_service.close()
         if self.writes.flush_dirty:
             self.flush()
         self.drain()

@@ -9,6 +9,7 @@ stream position is unknown): close it and open a new one.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import socket
 import ssl
@@ -67,16 +68,16 @@ class PeerConnection:
             self.sock: socket.socket = (
                 ssl_context.wrap_socket(raw, server_hostname=host) if ssl_context is not None else raw
             )
-            self._handshake(P.Hello(P.PROTOCOL_VERSION, block_bytes, layout, namespace, P.new_nonce()), secret, deadline)
+            self._handshake(
+                P.Hello(P.PROTOCOL_VERSION, block_bytes, layout, namespace, P.new_nonce()), secret, deadline
+            )
         except BaseException:
             raw.close()
             raise
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     # -- requests ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes], timeout: float) -> list[bool]:
@@ -88,7 +89,9 @@ class PeerConnection:
             raise P.ProtocolError("lookup reply does not match the request")
         return [b == 1 for b in frame.payload]
 
-    def fetch(self, keys: Sequence[bytes], dests: Sequence[memoryview], timeout: float, verify: bool = True) -> list[bool]:
+    def fetch(
+        self, keys: Sequence[bytes], dests: Sequence[memoryview], timeout: float, verify: bool = True
+    ) -> list[bool]:
         """Fetch ``keys[i]`` into ``dests[i]`` (``block_bytes`` each, written by ``recv_into``).
 
         Returns which keys were filled with verified bytes; a key the peer does not hold (or whose

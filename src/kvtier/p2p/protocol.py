@@ -306,4 +306,6 @@ def load_secret(*, secret_env: str | None = None, secret_file: str | None = None
         if not value_b:
             raise ConfigError(f"{what}.secret_file", f"{secret_file} is empty")
         return value_b
-    raise ConfigError(f"{what}.secret_env", "peers authenticate with a shared secret: set secret_env or secret_file")
+    raise ConfigError(
+        f"{what}.secret_env", "peers authenticate with a shared secret: set secret_env or secret_file"
+    )

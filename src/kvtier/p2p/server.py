@@ -16,6 +16,7 @@ The engine side needs four things (``Engine`` has them): ``namespace``, ``block_
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import logging
@@ -137,10 +138,8 @@ class BlockServer:
         with self._lock:
             conns = list(self._conns)
         for c in conns:
-            try:
+            with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def __enter__(self) -> BlockServer:
         return self
@@ -163,7 +162,9 @@ class BlockServer:
                 self._count("refused")
                 self._refuse(conn, E_BUSY, "server busy: too many connections")
                 continue
-            t = threading.Thread(target=self._serve_conn, args=(conn, addr), daemon=True, name="kvtier-p2p-conn")
+            t = threading.Thread(
+                target=self._serve_conn, args=(conn, addr), daemon=True, name="kvtier-p2p-conn"
+            )
             t.start()
 
     def _refuse(self, conn: socket.socket, code: int, message: str) -> None:
@@ -205,17 +206,13 @@ class BlockServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
             self._slots.release()
 
     def _send_error(self, sock: socket.socket, code: int, message: str) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sock.sendall(P.encode_frame(P.FrameType.ERROR, 0, P.encode_error(code, message)))
-        except (OSError, ValueError):
-            pass
 
     def _handshake(self, sock: socket.socket, peer: str) -> bool:
         frame = P.read_frame(sock, limit=1024)
@@ -272,10 +269,12 @@ class BlockServer:
                 if s is None:
                     entries.append((False, 0))
                     continue
-                view = memoryview(self._rows[s, :bb])
+                view = self._rows[s, :bb].data
                 views.append(view)
                 entries.append((True, block_checksum(k, view) if frame.flags & P.FLAG_CHECKSUM else 0))
-            sock.sendall(P.encode_frame(P.FrameType.FETCH_REPLY, frame.request_id, P.encode_fetch_reply(entries)))
+            sock.sendall(
+                P.encode_frame(P.FrameType.FETCH_REPLY, frame.request_id, P.encode_fetch_reply(entries))
+            )
             for view in views:
                 sock.sendall(view)
             with self._lock:
