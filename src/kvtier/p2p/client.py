@@ -91,20 +91,21 @@ class PeerConnection:
 
     def fetch(
         self, keys: Sequence[bytes], dests: Sequence[memoryview], timeout: float, verify: bool = True
-    ) -> list[bool]:
+    ) -> list[bool | None]:
         """Fetch ``keys[i]`` into ``dests[i]`` (``block_bytes`` each, written by ``recv_into``).
 
-        Returns which keys were filled with verified bytes; a key the peer does not hold (or whose
-        checksum fails, with ``verify``) is ``False`` and its destination holds no valid block.
+        Per key: ``True`` filled (and, with ``verify``, its checksum matched), ``None`` the peer
+        does not hold it, ``False`` its bytes failed the checksum. Only ``True`` destinations hold
+        a valid block.
         """
         deadline = time.monotonic() + timeout
         rid = self._send(P.FrameType.FETCH, P.encode_keys(keys), P.FLAG_CHECKSUM if verify else 0)
         frame = self._expect(P.FrameType.FETCH_REPLY, rid, deadline)
         entries = P.decode_fetch_reply(frame.payload, len(keys))
-        out = []
+        out: list[bool | None] = []
         for key, dest, (present, checksum) in zip(keys, dests, entries, strict=True):
             if not present:
-                out.append(False)
+                out.append(None)
                 continue
             self._recv_into(dest, deadline)
             out.append(not verify or block_checksum(key, dest) == checksum)

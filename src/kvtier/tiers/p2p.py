@@ -187,6 +187,13 @@ class P2PTier(RemoteTier):
                 self._vanished(key)
                 with self._where_lock:
                     self._where.pop(key, None)
+        corrupt = sum(good is False for good in ok)
+        if corrupt:
+            # A peer that sends wrong bytes is not trusted for this chunk: raising marks it down.
+            with self._lock:
+                self.stats.corrupt += corrupt
+            client.drop(route)
+            raise ProtocolError(f"{corrupt} block(s) from peer {route} failed their checksum")
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
 
     def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
