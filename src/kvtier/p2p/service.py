@@ -14,7 +14,7 @@ from kvtier.errors import ConfigError
 from kvtier.p2p.directory import DirectoryPublisher, PeerDirectory
 from kvtier.p2p.server import BlockServer
 
-__all__ = ["BlockService", "start", "start_for_engine"]
+__all__ = ["BlockService", "check_serve_options", "start", "start_for_engine"]
 
 _SERVE_KEYS = (
     "host",
@@ -45,13 +45,25 @@ class BlockService:
             self.publisher.close()
 
 
+def check_serve_options(options: Mapping[str, Any]) -> None:
+    """:class:`ConfigError` naming the first unknown or ill-typed ``serve`` key."""
+    unknown = sorted(set(options) - set(_SERVE_KEYS))
+    if unknown:
+        raise ConfigError(f"serve.{unknown[0]}", f"unknown key; valid keys are: {', '.join(_SERVE_KEYS)}")
+    port = options.get("port", 0)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError("serve.port", f"expected a port in 0..65535 (0 = any free port), got {port!r}")
+    for name in ("max_connections", "idle_timeout", "io_timeout", "directory_ttl"):
+        value = options.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"serve.{name}", f"expected a number > 0, got {value!r}")
+
+
 def start(
     engine: Any, *, secret: bytes, options: Mapping[str, Any], layout: str = "", directory: str | None = None
 ) -> BlockService:
     """Serve ``engine``'s primary tier with ``options`` (the ``serve`` keys; see docs/p2p.md)."""
-    unknown = sorted(set(options) - set(_SERVE_KEYS))
-    if unknown:
-        raise ConfigError(f"serve.{unknown[0]}", f"unknown key; valid keys are: {', '.join(_SERVE_KEYS)}")
+    check_serve_options(options)
     ctx = None
     if options.get("tls_cert"):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -32,6 +32,7 @@ from kvtier.keys import BlockKey, LookupResult
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.p2p.directory import PeerDirectory
 from kvtier.p2p.protocol import ProtocolError, load_secret
+from kvtier.p2p.service import check_serve_options
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.remote import RemoteTier
@@ -56,8 +57,9 @@ _MIN_RATE = 200e6  # bytes/s a peer must sustain before a fetch's deadline passe
 class _Peers:
     """One worker's connections, by peer address (opened on first use)."""
 
-    def __init__(self, tier: P2PTier) -> None:
+    def __init__(self, tier: P2PTier, namespace: str | None = None) -> None:
         self.tier = tier
+        self.namespace = namespace or tier.context.namespace
         self.conns: dict[str, PeerConnection] = {}
 
     def get(self, addr: str) -> PeerConnection:
@@ -66,7 +68,7 @@ class _Peers:
             host, port = parse_peer(addr)
             t = self.tier
             conn = PeerConnection(
-                host, port, block_bytes=t.block_bytes, layout=t.layout, namespace=t.context.namespace,
+                host, port, block_bytes=t.block_bytes, layout=t.layout, namespace=self.namespace,
                 secret=t.secret, timeout=t.op_timeout, ssl_context=t.ssl_context,
             )  # fmt: skip
             self.conns[addr] = conn
@@ -97,6 +99,8 @@ class P2PTier(RemoteTier):
     """
 
     persistent: ClassVar[bool] = False
+    #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
+    stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
 
     def __init__(
@@ -139,6 +143,8 @@ class P2PTier(RemoteTier):
             raise ConfigError("peers", "a p2p tier needs peers, a directory URL, or serve options")
         if serve is not None and not isinstance(serve, Mapping):
             raise ConfigError("serve", f"expected an object such as {{'port': 7800}}, got {serve!r}")
+        if serve is not None:
+            check_serve_options(serve)
         self.peers = [str(p) for p in peers]
         self.secret = load_secret(secret_env=secret_env, secret_file=secret_file)
         self.layout = str(layout)
@@ -258,6 +264,31 @@ class P2PTier(RemoteTier):
     def _before_store(self, state: JobState) -> None:
         state.ok.update(k for k, _ in state.items)  # our block server serves these already
         state.items = []
+
+    def check_peers(self, namespace: str | None = None) -> list[str]:
+        """Handshake with every static peer and query the directory (blocking; for ``kvtier check``,
+        which builds tiers under a probe namespace and passes the config's real one here).
+
+        Returns one line per peer/directory that answered; raises ``RuntimeError`` naming the first
+        that did not (a refused handshake says why: block size, layout, namespace, secret).
+        """
+        lines = []
+        for peer in self.peers:
+            conns = _Peers(self, namespace)
+            try:
+                conns.get(peer).lookup([b"kvtier-check"], self.op_timeout)
+            except Exception as exc:
+                raise RuntimeError(f"peer {peer}: {type(exc).__name__}: {exc}") from None
+            finally:
+                conns.close()
+            lines.append(f"peer {peer}: handshake ok")
+        if self._directory is not None:
+            try:
+                self._directory.holders([b"kvtier-check"])
+            except Exception as exc:
+                raise RuntimeError(f"directory: {type(exc).__name__}: {exc}") from None
+            lines.append("directory: reachable")
+        return lines
 
     def config_info(self) -> dict[str, Any]:
         info = super().config_info()
