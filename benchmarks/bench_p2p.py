@@ -51,7 +51,7 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
     engine.store_blocks(keys, data)
     server = BlockServer(engine, secret=SECRET)
     rows = np.asarray(engine.primary_kv_view)
-    slots = engine.pin_resident(keys).slots  # held for the raw server's reads too
+    slots = engine.serving.pin_resident(keys).slots  # held for the raw server's reads too
     raw = socket.create_server(("127.0.0.1", 0))
 
     def serve_raw() -> None:

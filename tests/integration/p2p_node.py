@@ -38,7 +38,7 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     bb = config["block_bytes"]
     with Engine(config) as engine:
-        service = engine.block_service
+        service = engine.serving.block_service
         print("ready", service.address if service else "-", flush=True)
         for line in sys.stdin:
             cmd, *args = line.split()

@@ -146,7 +146,7 @@ def test_blocks_stay_pinned_while_sent() -> None:
                 conn.sock.sendall(P.encode_frame(P.FrameType.FETCH, 99, P.encode_keys(keys)))
                 time.sleep(0.3)  # the server is mid-send, blocked on the full socket
                 engine.reset()  # drops every unpinned block
-                assert all(engine.resident(keys))  # the blocks being sent survived, untouched
+                assert all(engine.serving.resident(keys))  # the blocks being sent survived, untouched
                 assert P.read_frame(conn.sock).type == P.FrameType.FETCH_REPLY
                 got = bytearray(n * bb)
                 P.recv_exact_into(conn.sock, memoryview(got))
@@ -155,7 +155,7 @@ def test_blocks_stay_pinned_while_sent() -> None:
                 while engine.stats()["loads"] < n and time.monotonic() < deadline:
                     time.sleep(0.01)  # the server unpins after its last sendall
                 engine.reset()
-                assert not any(engine.resident(keys))  # unpinned once sent: evictable again
+                assert not any(engine.serving.resident(keys))  # unpinned once sent: evictable again
             finally:
                 conn.close()
 

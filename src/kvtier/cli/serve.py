@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # serve owns the exporter; the engine must not bind config.metrics_port a second time.
         with Engine(dataclasses.replace(config, metrics_port=None)) as engine:
-            service = _start_p2p(engine, args) if p2p_port is not None else engine.block_service
+            service = _start_p2p(engine, args) if p2p_port is not None else engine.serving.block_service
             if serves_p2p and service is None:
                 raise ConfigError("serve", "the p2p block server did not start (see the warning above)")
             exporter = start_exporter(engine, port, addr=args.metrics_addr) if port is not None else None
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 if exporter is not None:
                     exporter.close()
-                if service is not None and service is not engine.block_service:
+                if service is not None and service is not engine.serving.block_service:
                     service.close()
     finally:
         for s, h in old.items():

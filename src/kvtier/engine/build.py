@@ -153,23 +153,6 @@ def build_cost_model(config: KvtierConfig, tiers: Sequence[SecondaryTier]) -> Co
     return model
 
 
-def start_block_service(engine: Any) -> Any:
-    """The p2p block service a ``p2p`` tier with ``serve`` options asks for (``None`` otherwise).
-
-    Imported only when a p2p tier is configured. Like metrics, serving is optional to the cache:
-    when the port cannot be bound one warning is logged and the engine runs without it.
-    """
-    if not any(type(t).__module__ == "kvtier.tiers.p2p" for t in engine.tiers):
-        return None
-    from kvtier.p2p.service import start_for_engine
-
-    try:
-        return start_for_engine(engine)
-    except Exception as exc:  # ConfigError (port taken, bad TLS files) or a directory failure
-        log.warning("kvtier: p2p block server not started, the engine runs without it (%s)", exc)
-        return None
-
-
 def start_metrics(engine: StatsSource, config: KvtierConfig) -> MetricsExporter | None:
     """Serve ``engine``'s Prometheus metrics on 127.0.0.1:``metrics_port`` when it is set.
 

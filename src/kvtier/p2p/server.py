@@ -5,13 +5,14 @@ the limit gets an ``ERROR`` frame and is closed). Each connection: handshake (HE
 block size, layout fingerprint and namespace; HMAC challenge-response both ways), then LOOKUP and
 FETCH requests until the peer closes, idles past ``idle_timeout`` or breaks the protocol.
 
-A FETCH pins the blocks it sends with :meth:`Engine.pin_resident` and releases them only after the
+A FETCH pins the blocks it sends (:meth:`Serving.pin_resident`) and releases them only after the
 last byte went out, so eviction never tears a block mid-send; block bytes are written to the
 socket from the primary tier's buffer (no copy). Every socket operation has a timeout, so a stalled
 peer costs one thread for at most that long; a malformed frame ends only its connection.
 
-The engine side needs four things (``Engine`` has them): ``namespace``, ``block_bytes``,
-``primary_kv_view``, ``resident(keys)``, ``pin_resident(keys)`` and ``complete_load(handle)``.
+The engine side is :class:`ServedEngine`: ``namespace``, ``block_bytes``, ``primary_kv_view``,
+``serving`` (:class:`~kvtier.engine.serving.Serving`: ``resident``, ``pin_resident``) and
+``complete_load``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import logging
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import xxhash
 
+from kvtier.engine.serving import Serving
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey
 from kvtier.p2p import protocol as P
@@ -46,9 +47,8 @@ class ServedEngine(Protocol):
     namespace: str
     block_bytes: int
     primary_kv_view: memoryview
+    serving: Serving
 
-    def resident(self, keys: Sequence[BlockKey]) -> list[bool]: ...
-    def pin_resident(self, keys: Sequence[BlockKey]) -> Any: ...
     def complete_load(self, handle: Any) -> None: ...
 
 
@@ -247,7 +247,7 @@ class BlockServer:
             sock.settimeout(self.io_timeout)
             if frame.type == P.FrameType.LOOKUP:
                 keys = [BlockKey(k) for k in P.decode_keys(frame.payload)]
-                held = self.engine.resident(keys)
+                held = self.engine.serving.resident(keys)
                 self._count("lookups", len(keys))
                 reply = P.encode_frame(P.FrameType.LOOKUP_REPLY, frame.request_id, bytes(map(int, held)))
                 sock.sendall(reply)
@@ -258,7 +258,7 @@ class BlockServer:
 
     def _fetch(self, sock: socket.socket, frame: P.Frame) -> None:
         keys = [BlockKey(k) for k in P.decode_keys(frame.payload)]
-        handle = self.engine.pin_resident(keys)
+        handle = self.engine.serving.pin_resident(keys)
         try:
             slot_of = dict(zip(handle.keys, np.asarray(handle.slots).tolist(), strict=True))
             bb = self.engine.block_bytes
