@@ -238,3 +238,30 @@ def test_any_bytes_after_the_handshake_never_crash_the_server(served, stream: by
         assert conn.lookup([KEYS[0]], 2.0) == [True]
     finally:
         conn.close()
+
+
+def test_closing_the_engine_mid_send_ends_the_connection_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    bb, n = 4 << 20, 8
+    keys = [BlockKey(bytes([i]) * 16) for i in range(n)]
+    monkeypatch.setenv("KVTIER_P2P_SECRET", SECRET.decode())
+    tier = {"type": "p2p", "secret_env": "KVTIER_P2P_SECRET", "serve": {"port": 0}}
+    cfg = {
+        "block_bytes": bb,
+        "cpu_bytes_to_use": bb * (n + 2),
+        "primary_backing": "shm",
+        "secondary_tiers": [tier],
+    }
+    engine = Engine(cfg)
+    engine.store_blocks(keys, np.ones((n, bb), dtype=np.uint8))
+    server = engine.serving.block_service.server
+    conn = PeerConnection("127.0.0.1", server.port, block_bytes=bb, layout="", namespace=engine.namespace,
+                          secret=SECRET, timeout=2.0)  # fmt: skip
+    try:
+        conn.sock.sendall(P.encode_frame(P.FrameType.FETCH, 1, P.encode_keys(keys)))
+        time.sleep(0.3)  # the server is blocked mid-send on the full socket, reading the shm buffer
+        t0 = time.monotonic()
+        engine.close()  # stops the server and waits for its threads before unmapping the buffer
+        assert time.monotonic() - t0 < server.io_timeout + 2
+        assert not server._threads  # every connection thread ended before the buffer went away
+    finally:
+        conn.close()

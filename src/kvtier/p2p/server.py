@@ -24,6 +24,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -105,6 +106,7 @@ class BlockServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._stop = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self.stats = {"connections": 0, "auth_failures": 0, "refused": 0, "protocol_errors": 0,
                       "lookups": 0, "fetches": 0, "blocks_sent": 0, "bytes_sent": 0}  # fmt: skip
@@ -129,7 +131,8 @@ class BlockServer:
         return f"{self.host}:{self.port}"
 
     def close(self) -> None:
-        """Stop accepting, close every connection (pins are released by their threads). Idempotent."""
+        """Stop accepting, end every connection and wait for their threads (bounded), so no thread
+        still reads the primary buffer when the engine releases it. Idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -137,9 +140,13 @@ class BlockServer:
         self._listener.close()
         with self._lock:
             conns = list(self._conns)
+            threads = list(self._threads)
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + self.io_timeout + 1.0
+        for t in threads:  # a shut-down socket fails their next send/recv at once
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> BlockServer:
         return self
@@ -165,6 +172,8 @@ class BlockServer:
             t = threading.Thread(
                 target=self._serve_conn, args=(conn, addr), daemon=True, name="kvtier-p2p-conn"
             )
+            with self._lock:
+                self._threads.add(t)
             t.start()
 
     def _refuse(self, conn: socket.socket, code: int, message: str) -> None:
@@ -206,6 +215,7 @@ class BlockServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
             with contextlib.suppress(OSError):
                 sock.close()
             self._slots.release()
