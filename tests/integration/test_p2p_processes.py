@@ -96,7 +96,9 @@ def test_three_processes_share_blocks_survive_a_killed_peer_and_find_it_again(tm
             got = b.reply("got")
             assert got == ["-"] * 16  # every key of A's failed; none holds wrong bytes
             assert time.monotonic() - t0 < 10
-            assert b.ask("local", "local") == ["ok"]  # B keeps working
+            assert b.ask("local", "local") == ["ok"]  # B keeps working ...
+            assert b.ask("store 4 2", "stored") == ["2"]
+            assert c.ask("get 4 2 10", "got") == expected(4, 2)  # ... and serving its own blocks
             assert b.ask("get 2 16 0.5", "got") == ["-"] * 16  # later lookups miss
             stats = json.loads(" ".join(b.ask("stats", "stats")))
             assert stats["failed_jobs"] >= 1 and stats["breaker_opens"] >= 1
