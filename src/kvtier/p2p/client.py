@@ -1,8 +1,8 @@
 """A connection to one peer's block server: handshake, batched lookups, fetches into slots.
 
 A :class:`PeerConnection` is used by one thread at a time (the p2p tier keeps one per worker and
-peer). Every call has a deadline: each socket read waits at most what is left of it, so a stalled
-peer raises :class:`TimeoutError` in bounded time, a dead one ``ConnectionError``, a garbling one
+peer). Every call has a deadline, and no single read waits longer than the connect timeout, so a
+stalled peer raises :class:`TimeoutError` in bounded time, a dead one ``ConnectionError``, a garbling one
 :class:`~kvtier.p2p.protocol.ProtocolError`. After any exception the connection is unusable (the
 stream position is unknown): close it and open a new one.
 """
@@ -151,7 +151,12 @@ class PeerConnection:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("peer too slow: request deadline passed")
-            sock.settimeout(left)
+            # Each read waits at most the socket timeout (the connect timeout: a peer silent that
+            # long is stalled) and never much past the deadline. settimeout is a syscall, so it is
+            # refreshed only when 10% of it is spent, not on every read of a block.
+            current = sock.gettimeout()
+            if current is None or left < 0.9 * current:
+                sock.settimeout(left)
             k = sock.recv_into(view[got:], n - got)
             if k == 0:
                 raise ConnectionError("peer closed the connection mid-transfer")
