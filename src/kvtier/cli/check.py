@@ -149,6 +149,7 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
 
     from kvtier.cli.main import error_line
     from kvtier.config import load_config
+    from kvtier.engine.build import config_namespace
     from kvtier.integrations.vllm_config import vllm_owned_tiers
     from kvtier.plugins import create_spec, tier_contexts
 
@@ -166,7 +167,12 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
             check = TierCheck(tier.name, tc.type, f"{cls.__module__}:{cls.__qualname__}", cls.medium)
             checks.append(check)
             try:
-                _round_trip(tier, rows, cfg.block_bytes, timeout, check)
+                check_peers = getattr(tier, "check_peers", None)
+                if getattr(tier, "stores_nothing", False) and callable(check_peers):
+                    check_peers(config_namespace(cfg))  # p2p: handshake with its peers instead
+                    check.ok = True
+                else:
+                    _round_trip(tier, rows, cfg.block_bytes, timeout, check)
             except Exception as exc:
                 # A tier that fails its probe is reported (and makes the exit code 1), never a crash.
                 check.error = error_line(exc)

@@ -6,6 +6,10 @@ or tiers that warm up by scanning a shared directory), polls it so tier jobs com
 ``--duration`` seconds. It prints the metrics URL on stdout once listening (one line), so scripts
 can wait for it.
 
+With ``--p2p-port`` (or a ``p2p`` tier with ``serve`` options in the config) it also runs the p2p
+block server that lets peer instances load this engine's primary-tier blocks (docs/p2p.md), and
+prints ``p2p HOST:PORT`` on stdout once listening; ``--metrics-port`` is then optional.
+
 Exit codes: 0 stopped cleanly; 2 bad input (config, port in use).
 """
 
@@ -40,6 +44,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--duration", type=types.duration, help="stop after this many seconds (default: run until signalled)"
     )
     p.add_argument("--poll-interval", type=types.duration, default=0.05, help="seconds between engine polls")
+    g = p.add_argument_group("p2p block server (docs/p2p.md)")
+    g.add_argument(
+        "--p2p-port", type=types.port, help="serve primary-tier blocks to peers on this port (0: any)"
+    )
+    g.add_argument("--p2p-addr", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--p2p-secret-env", help="environment variable holding the shared secret")
+    g.add_argument("--p2p-secret-file", help="file (mode 0600) holding the shared secret")
+    g.add_argument("--p2p-directory", help="redis:// URL of the fleet directory to publish held blocks to")
+    g.add_argument("--p2p-layout", default="", help="layout fingerprint peers must present")
     return p
 
 
@@ -52,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = resolve_config(args.config).config
     port = args.metrics_port if args.metrics_port is not None else config.metrics_port
-    if port is None:
+    p2p_port = getattr(args, "p2p_port", None)
+    serves_p2p = p2p_port is not None or _config_serves_p2p(config)
+    if port is None and not serves_p2p:
         raise ConfigError("metrics_port", "serve needs --metrics-port PORT or metrics_port in the config")
     stop = threading.Event()
 
@@ -63,9 +78,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         # serve owns the exporter; the engine must not bind config.metrics_port a second time.
         with Engine(dataclasses.replace(config, metrics_port=None)) as engine:
-            exporter = start_exporter(engine, port, addr=args.metrics_addr)
+            service = _start_p2p(engine, args) if p2p_port is not None else engine.serving.block_service
+            if serves_p2p and service is None:
+                raise ConfigError("serve", "the p2p block server did not start (see the warning above)")
+            exporter = start_exporter(engine, port, addr=args.metrics_addr) if port is not None else None
             try:
-                print(exporter.url, flush=True)
+                if service is not None:
+                    print(f"p2p {service.address}", flush=True)
+                if exporter is not None:
+                    print(exporter.url, flush=True)
                 deadline = None if args.duration is None else time.monotonic() + args.duration
                 while not stop.is_set():
                     engine.poll()
@@ -78,9 +99,31 @@ def run(args: argparse.Namespace) -> int:
                         timeout = min(timeout, left)
                     stop.wait(timeout)
             finally:
-                exporter.close()
+                if exporter is not None:
+                    exporter.close()
+                if service is not None and service is not engine.serving.block_service:
+                    service.close()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     print("stopped", file=sys.stderr)
     return 0
+
+
+def _config_serves_p2p(config: Any) -> bool:
+    return any(t.type == "p2p" and t.options.get("serve") is not None for t in config.secondary_tiers)
+
+
+def _start_p2p(engine: Any, args: argparse.Namespace) -> Any:
+    """The block service of ``--p2p-*`` (the secret from ``--p2p-secret-env``/``--p2p-secret-file``)."""
+    from kvtier.p2p.protocol import load_secret
+    from kvtier.p2p.service import start
+
+    secret = load_secret(secret_env=args.p2p_secret_env, secret_file=args.p2p_secret_file, what="--p2p")
+    return start(
+        engine,
+        secret=secret,
+        options={"host": args.p2p_addr, "port": args.p2p_port},
+        layout=args.p2p_layout,
+        directory=args.p2p_directory,
+    )

@@ -16,6 +16,7 @@ components that never hold it (each module's docstring says what it owns)::
             ├─ JobBook                tier jobs: submit, finish once, drain      (engine.jobs)
             ├─ TierWrites             per-tier write policies, slot reservation  (engine.writes)
             ├─ Admission              promotion share, cost gate                 (engine.admission)
+            ├─ Serving                residency checks and pins for peers        (engine.serving)
             └─ KVMover                byte copies, the transfer pool             (engine.movers)
 
 and are built once by :mod:`kvtier.engine.build` (policy, tiers, cost model, metrics).
@@ -53,6 +54,7 @@ from kvtier.engine.events import EventLog
 from kvtier.engine.jobs import JobBook
 from kvtier.engine.movers import KVMover
 from kvtier.engine.residency import Residency
+from kvtier.engine.serving import Serving
 from kvtier.engine.tenants import TenantScope
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
@@ -100,8 +102,8 @@ class Engine:
 
     Attributes:
         counters: the engine's counters by name (read them through :meth:`stats`).
-        jobs: the :class:`~kvtier.engine.jobs.JobBook`; ``admission``, ``writes``: the promotion
-            and write-policy components (see the module docstring).
+        jobs: the :class:`~kvtier.engine.jobs.JobBook`; ``admission``, ``writes``, ``serving``: the
+            promotion, write-policy and peer-serving components (see the module docstring).
     """
 
     def __init__(
@@ -161,20 +163,14 @@ class Engine:
             self.primary, self.tiers, self.jobs, self._reserve, self.counters, cfg.promotion_share, cost
         )
         self._mover = KVMover(
-            self.primary,
-            self.counters,
-            self._lock,
-            ids,
-            cfg.max_inflight_jobs,
-            check_open=self._check_open,
-            scope=self._scope,
-            prepare_store=self.prepare_store,
-            complete_store=self.complete_store,
-            pin_leading=self._pin_leading,
-            complete_load=self.complete_load,
-        )
+            self.primary, self.counters, self._lock, ids, cfg.max_inflight_jobs, check_open=self._check_open,
+            scope=self._scope, prepare_store=self.prepare_store, complete_store=self.complete_store,
+            pin_leading=self._pin_leading, complete_load=self.complete_load,
+        )  # fmt: skip
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
+        self.serving = Serving(self.primary, self._lock, self._check_open, self._next_token)
+        self.serving.start(self)
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -543,6 +539,7 @@ class Engine:
         # First: a scrape must not read an engine half torn down.
         stop_metrics(self.metrics_exporter)
         self.metrics_exporter = None
+        self.serving.close()
         if self.writes.flush_dirty:
             self.flush()
         self.drain()

@@ -193,8 +193,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             raise ConfigError(path, exc.detail) from exc
         medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
         # Per instance: one adapter class fronts tiers of every medium.
-        self.medium = medium
-        self.cache_hit_source = source
+        self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
+        self.cache_hit_source = source  # type: ignore[misc]
         locality = opts.locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
         self.locality = None if locality is None else Locality(locality)
         self._kvtier_type = opts.tier

@@ -38,6 +38,7 @@ _BUILTIN_TIERS = {
     "obj": "kvtier.tiers.obj:ObjTier",
     # The issue and AWS users say "s3"; the seed's tier list says "obj".
     "s3": "kvtier.tiers.obj:ObjTier",
+    "p2p": "kvtier.tiers.p2p:P2PTier",
 }
 _BUILTIN_POLICIES = {
     "lru": "kvtier.policies.lru:LRUPolicy",
