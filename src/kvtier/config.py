@@ -6,7 +6,7 @@ Loaded from a dict, a JSON or YAML file, or a JSON string (the form vLLM users p
 ``spec_name``, ``spec_module_path``; the fs tier's ``n_read_threads``/``n_write_threads``); a vLLM key
 with no kvtier meaning (``block_size`` counts tokens) is refused with what vLLM means by it and what
 to write instead. vLLM's whole ``--kv-transfer-config`` object is accepted too: it loads as the
-config of the kvtier tiers in it (:mod:`kvtier.integrations.vllm_config`).
+config of the kvtier tiers in it (:mod:`kvtier.config_vllm`).
 
 Every error is a one-line :class:`~kvtier.errors.ConfigError` whose message starts with the key path
 (``secondary_tiers[1].root_dir: ...``) and says what would be accepted.
@@ -203,7 +203,7 @@ _VLLM_AWARE_TIERS = ("fs", "example")
 
 
 def _vllm_tier_keys(ttype: str, options: dict[str, Any], path: str) -> dict[str, Any]:
-    from kvtier.integrations import vllm_config
+    from kvtier import config_vllm as vllm_config
 
     for key in options:
         error = vllm_config.explain_vllm_key(key, path, tier=True)
@@ -260,7 +260,7 @@ def _parse_plugins(value: Any) -> PluginsConfig:
 def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("", f"config must be an object/mapping, got {type(raw).__name__}")
-    from kvtier.integrations import vllm_config
+    from kvtier import config_vllm as vllm_config
 
     if vllm_config.is_kv_transfer_config(raw):
         # vLLM's whole --kv-transfer-config: the kvtier tiers in it, keeping their index in vLLM's list.

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from kvtier.cli.check import check_config
 from kvtier.config import load_config
+from kvtier.config_vllm import ADAPTER_CLASS, ADAPTER_MODULE, split_adapter_entry
 from kvtier.errors import ConfigError
-from kvtier.integrations.vllm_config import ADAPTER_CLASS, ADAPTER_MODULE, split_adapter_entry
 
 # vLLM 0.33's own example config, verbatim from the TieringOffloadingSpec docstring (tiering/spec.py).
 VLLM_EXAMPLE: dict[str, Any] = {

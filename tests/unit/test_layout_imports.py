@@ -22,7 +22,10 @@ PKG = SRC / "kvtier"
 # package (first component under kvtier) -> packages it must never import.
 FORBIDDEN = {
     low: {"engine", "sim", "cli", "integrations"}
-    for low in ("tiers", "policies", "transfer", "keys", "config", "errors", "plugins", "primary", "codec")
+    for low in (
+        "tiers", "p2p", "policies", "transfer", "keys", "config", "config_vllm", "errors", "plugins",
+        "primary", "codec",
+    )
 }
 FORBIDDEN["engine"] = {"sim", "cli", "integrations"}
 FORBIDDEN["sim"] = {"cli"}

@@ -149,8 +149,8 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
 
     from kvtier.cli.main import error_line
     from kvtier.config import load_config
+    from kvtier.config_vllm import vllm_owned_tiers
     from kvtier.engine.build import config_namespace
-    from kvtier.integrations.vllm_config import vllm_owned_tiers
     from kvtier.plugins import create_spec, tier_contexts
 
     cfg = load_config(source)

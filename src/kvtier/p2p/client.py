@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from kvtier.p2p import protocol as P
-from kvtier.p2p.server import block_checksum
+from kvtier.p2p.protocol import block_checksum
 
 __all__ = ["PeerConnection", "PeerRefusedError", "parse_peer"]
 

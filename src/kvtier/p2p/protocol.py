@@ -30,6 +30,9 @@ import stat
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import xxhash
 
 from kvtier.errors import ConfigError
 
@@ -309,3 +312,8 @@ def load_secret(*, secret_env: str | None = None, secret_file: str | None = None
     raise ConfigError(
         f"{what}.secret_env", "peers authenticate with a shared secret: set secret_env or secret_file"
     )
+
+
+def block_checksum(key: bytes, payload: Any) -> int:
+    """xxh3-64 of a block's payload seeded by its key (so a block sent for another key fails)."""
+    return xxhash.xxh3_64_intdigest(payload, seed=xxhash.xxh3_64_intdigest(key))

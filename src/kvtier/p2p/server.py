@@ -28,12 +28,11 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
-import xxhash
 
-from kvtier.engine.serving import Serving
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey
 from kvtier.p2p import protocol as P
+from kvtier.p2p.protocol import block_checksum
 from kvtier.tiers.ratelog import RateLimitedLog
 
 __all__ = ["BlockServer", "ServedEngine", "block_checksum", "is_loopback"]
@@ -44,18 +43,22 @@ log = logging.getLogger("kvtier.p2p.server")
 E_MISMATCH, E_AUTH, E_PROTOCOL, E_BUSY, E_INTERNAL = 1, 2, 3, 4, 5
 
 
+class ServingSlots(Protocol):
+    """What the server needs of an engine's peer-serving component (``kvtier.engine.serving``):
+    named structurally, so this package sits below the engine and never imports it."""
+
+    def resident(self, keys: Any) -> Any: ...
+
+    def pin_resident(self, keys: Any) -> Any: ...
+
+
 class ServedEngine(Protocol):
     namespace: str
     block_bytes: int
     primary_kv_view: memoryview
-    serving: Serving
+    serving: ServingSlots
 
     def complete_load(self, handle: Any) -> None: ...
-
-
-def block_checksum(key: bytes, payload: Any) -> int:
-    """xxh3-64 of a block's payload seeded by its key (so a block sent for another key fails)."""
-    return xxhash.xxh3_64_intdigest(payload, seed=xxhash.xxh3_64_intdigest(key))
 
 
 def is_loopback(host: str) -> bool:

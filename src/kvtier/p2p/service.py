@@ -91,11 +91,13 @@ def start(
 
 
 def start_for_engine(engine: Any) -> BlockService | None:
-    """Start the block service the first ``p2p`` tier with ``serve`` options asks for (else ``None``)."""
-    from kvtier.tiers.p2p import P2PTier
+    """Start the block service the first ``p2p`` tier with ``serve`` options asks for (else ``None``).
 
+    A p2p tier is recognised by its ``serve`` attribute (the tier imports this module, so this
+    module does not import the tier).
+    """
     for tier in engine.tiers:
-        if isinstance(tier, P2PTier) and tier.serve is not None:
+        if getattr(tier, "p2p_serves", False) and tier.serve is not None:
             service = start(
                 engine,
                 secret=tier.secret,

@@ -98,6 +98,9 @@ class P2PTier(RemoteTier):
             ``port``, ``max_connections``, ``tls_cert``, ``tls_key``, ``directory_ttl``).
     """
 
+    #: Marks a tier whose ``serve`` options start this engine's block server (kvtier.p2p.service).
+    p2p_serves: ClassVar[bool] = True
+
     persistent: ClassVar[bool] = False
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
