@@ -34,6 +34,7 @@ __all__ = [
 _BUILTIN_TIERS = {
     "example": "kvtier.tiers.example:ExampleTier",
     "fs": "kvtier.tiers.fs:FsTier",
+    "redis": "kvtier.tiers.redis:RedisTier",
 }
 _BUILTIN_POLICIES = {
     "lru": "kvtier.policies.lru:LRUPolicy",

@@ -18,7 +18,9 @@ index. The base owns:
   (a :class:`~kvtier.tiers.backpressure.StoreGate`): accepted, or dropped and counted in
   ``stats.dropped_stores`` as a failed job. A tier that finds its medium full calls
   ``self.store_gate.pause(seconds, reason)``; every finished store job's bytes and seconds are fed
-  to ``store_gate.observe`` (where latency-based throttling plugs in).
+  to ``store_gate.observe``, whose latency-per-MiB moving average throttles, then drops, stores
+  with hysteresis (marks from the tier config's ``backpressure`` mapping; the gate's counters are
+  part of ``get_stats()``).
 * **Logs and stats.** ``self.rlog`` is a :class:`~kvtier.tiers.ratelog.RateLimitedLog` on the
   tier's logger; a chunk that raises is logged there (with its traceback) and fails its keys. The
   base counts ``stores``/``loads``/``bytes_*`` (from chunk outcomes), ``failed_jobs`` and
@@ -275,8 +277,12 @@ class AsyncTier(SecondaryTier):
             pool.wait_idle()
 
     def get_stats(self) -> dict[str, int]:
+        """The :class:`~kvtier.tiers.base.TierStats` counters plus the store gate's
+        (``gate_state``, ``gate_throttled``, ``gate_ms_per_mib``)."""
         with self._lock:  # workers update the counters concurrently
-            return self.stats.as_dict()
+            out = self.stats.as_dict()
+        out.update(self.store_gate.counters())
+        return out
 
     def shutdown(self) -> None:
         """Finish queued chunks, stop the workers, release resources. Idempotent."""

@@ -1,0 +1,361 @@
+"""The ``redis`` tier: KV blocks in Redis, Valkey or a Redis Cluster, shared by every instance.
+
+Config (docs/remote.md has copyable examples)::
+
+    {"type": "redis", "url": "redis://10.0.0.5:6379/0"}
+    {"type": "redis", "url": "redis://10.0.0.5:7000", "cluster": true}
+
+``url`` is ``redis://``, ``rediss://`` (TLS), ``unix:///path/redis.sock`` or, for a Cluster,
+``redis+cluster://`` / ``rediss+cluster://`` (or ``cluster: true``) naming any one node. A password
+goes in the URL or, better, in the environment variable named by ``password_env``; it is never
+logged (``config_info`` shows the URL without it).
+
+* **Keys** are ``<key_prefix>:<namespace>:<block key bytes>``: the namespace (model, layout, tenant
+  salt) keeps tenants and models apart, and the block's header repeats it, so a value copied under
+  another key or namespace is never served.
+* **Values** are :mod:`kvtier.codec` blobs. Writes send the header and the primary slot's bytes
+  straight to the socket (no concatenation, no copy through a packer: redis-py's hiredis packer
+  copies every argument and makes large ``SET``\\ s several times slower), pipelined per chunk and
+  per server; reads are pipelined ``GET``\\ s, verified, then copied into the slot. ``ttl`` (seconds)
+  sets an expiry on every write.
+* **Capacity** is the server's: set ``maxmemory`` and an ``allkeys-*`` eviction policy on it. kvtier
+  treats its own index as a hint: a key the server evicted is a miss, not an error; an out-of-memory
+  reply pauses stores for ``full_backoff`` seconds.
+* **Cluster**: keys are routed to their slot's master with the client's slot map; each master has
+  its own circuit breaker, so a dead master makes only its keys miss. A ``MOVED`` reply refreshes
+  the slot map.
+
+Common options (threads, deadlines, breaker, back-pressure) are those of
+:class:`~kvtier.tiers.remote.RemoteTier`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import redis
+import redis.exceptions as rx
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.keys import BlockKey
+from kvtier.tiers.async_tier import ChunkOutcome
+from kvtier.tiers.base import TierContext
+from kvtier.tiers.remote import RemoteTier, positive_number
+from kvtier.tiers.remote_errors import (
+    ErrorMap,
+    RemoteFullError,
+    RemoteRejectedError,
+    RemoteTimeoutError,
+)
+from kvtier.transfer.workers import Priority
+
+__all__ = ["REDIS_ERRORS", "RedisTier"]
+
+Item = tuple[BlockKey, int]
+_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_SMALL = 16 << 10  # pieces under this are joined before sending; larger ones go out as they are
+
+#: Every redis-py exception, mapped (tests/integration/test_redis_errors.py checks the coverage).
+REDIS_ERRORS = ErrorMap(
+    "redis",
+    [
+        (rx.RedisError, TierError),
+        (rx.ConnectionError, TierUnavailableError),
+        (rx.TimeoutError, RemoteTimeoutError),
+        (rx.BusyLoadingError, TierUnavailableError),
+        (rx.AuthenticationError, RemoteRejectedError),
+        (rx.AuthorizationError, RemoteRejectedError),
+        (rx.ExternalAuthProviderError, RemoteRejectedError),
+        (rx.MaxConnectionsError, TierUnavailableError),
+        (rx.ResponseError, RemoteRejectedError),
+        (rx.OutOfMemoryError, RemoteFullError),
+        (rx.ReadOnlyError, TierUnavailableError),  # a replica after failover: retry elsewhere
+        (rx.ClusterError, TierUnavailableError),
+        (rx.ClusterDownError, TierUnavailableError),
+        (rx.TryAgainError, TierUnavailableError),
+        (rx.AskError, TierError),  # MOVED/ASK: the slot map is stale (refreshed by the tier)
+        (rx.RedisClusterException, TierUnavailableError),
+        (rx.ChildDeadlockedError, TierError),
+        (rx.IncorrectPolicyType, TierError),
+        (rx.InvalidResponse, TierUnavailableError),
+    ],
+)
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _command(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
+
+
+class _Conns:
+    """The calling worker thread's connections, one per route (server)."""
+
+    def __init__(self) -> None:
+        self.by_route: dict[str, Any] = {}
+
+    def close(self) -> None:
+        for conn in self.by_route.values():
+            conn.disconnect()
+        self.by_route.clear()
+
+
+class RedisTier(RemoteTier):
+    """KV blocks in Redis / Valkey / Redis Cluster (see the module doc).
+
+    Args:
+        url: server URL (see the module doc).
+        cluster: ``True`` for a Redis Cluster (also implied by a ``+cluster`` URL).
+        key_prefix: first part of every key (several deployments can share a server).
+        ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
+        password_env: name of an environment variable holding the password (overrides the URL's).
+        **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
+    """
+
+    error_map: ClassVar[ErrorMap] = REDIS_ERRORS
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        context: TierContext,
+        url: str = "redis://127.0.0.1:6379/0",
+        cluster: bool = False,
+        key_prefix: str = "kvtier",
+        ttl: float | None = None,
+        password_env: str | None = None,
+        threads: int = 4,
+        batch_blocks: int = 8,
+        op_timeout: float = 1.0,
+        breaker_failures: int = 3,
+        breaker_reset: float = 1.0,
+        negative_ttl: float = 2.0,
+        unknown_keys: str = "check",
+        full_backoff: float = 1.0,
+        backpressure: Mapping[str, Any] | None = None,
+        index_capacity: int = 1 << 20,
+        log_interval: float = 10.0,
+    ) -> None:
+        super().__init__(
+            primary_kv_view=primary_kv_view,
+            context=context,
+            threads=threads,
+            batch_blocks=batch_blocks,
+            op_timeout=op_timeout,
+            breaker_failures=breaker_failures,
+            breaker_reset=breaker_reset,
+            negative_ttl=negative_ttl,
+            unknown_keys=unknown_keys,
+            full_backoff=full_backoff,
+            backpressure=backpressure,
+            index_capacity=index_capacity,
+            log_interval=log_interval,
+        )
+        if not isinstance(url, str) or not url:
+            raise ConfigError("url", f'expected a URL such as "redis://host:6379/0", got {url!r}')
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in _SCHEMES:
+            raise ConfigError("url", f"scheme {parsed.scheme!r} is not one of {', '.join(_SCHEMES)}")
+        if not isinstance(cluster, bool):
+            raise ConfigError("cluster", f"expected true or false, got {cluster!r}")
+        self.cluster = cluster or parsed.scheme.endswith("+cluster")
+        if self.cluster and parsed.scheme == "unix":
+            raise ConfigError("cluster", "a Redis Cluster is reached over TCP: use a redis:// URL")
+        if not isinstance(key_prefix, str) or not key_prefix:
+            raise ConfigError("key_prefix", f"expected a non-empty string, got {key_prefix!r}")
+        self.ttl_ms = None if ttl is None else int(positive_number("ttl", ttl) * 1000)
+        self._url = urllib.parse.urlunsplit(parsed._replace(scheme=parsed.scheme.replace("+cluster", "")))
+        self._password: str | None = None
+        if password_env is not None:
+            if not isinstance(password_env, str) or password_env not in os.environ:
+                raise ConfigError("password_env", f"environment variable {password_env!r} is not set")
+            self._password = os.environ[password_env]
+        self._shown_url = _redact(self._url)
+        self._prefix = f"{key_prefix}:{context.namespace}:".encode()
+        self._shared_lock = threading.Lock()
+        self._conn_pool: Any = None
+        self._cluster: Any = None
+        self._refreshing = False
+
+    # -- RemoteTier hooks --------------------------------------------------------------------------
+    def _route(self, key: BlockKey) -> str:
+        cl = self._cluster
+        if cl is None:
+            return ""
+        try:
+            node = cl.nodes_manager.get_node_from_slot(key_slot(self._prefix + key))
+        except Exception:  # slot not covered (the map is being rebuilt): the cluster-wide route
+            return ""
+        return str(node.name)
+
+    def _connect(self) -> _Conns:
+        with self._shared_lock:
+            if self.cluster and self._cluster is None:
+                self._cluster = RedisCluster.from_url(self._url, **self._conn_options(cluster=True))
+            elif not self.cluster and self._conn_pool is None:
+                self._conn_pool = redis.ConnectionPool.from_url(
+                    self._url, **self._conn_options(cluster=False)
+                )
+        return _Conns()
+
+    def _close_client(self, client: Any) -> None:
+        client.close()
+
+    def _close_resources(self) -> None:
+        super()._close_resources()
+        if self._conn_pool is not None:
+            self._conn_pool.disconnect()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        chunks: list[bytes | memoryview] = []
+        small: list[bytes] = []
+        for key, slot in items:
+            head, payload = self._blob_parts(key, slot)
+            name = self._prefix + key
+            argc = 3 if self.ttl_ms is None else 5
+            small.append(b"*%d\r\n$3\r\nSET\r\n%s$%d\r\n" % (argc, _bulk(name), len(head) + payload.nbytes))
+            small.append(head)
+            if payload.nbytes < _SMALL:
+                small.append(payload.tobytes())
+            else:
+                chunks.append(b"".join(small))
+                small = []
+                chunks.append(payload)
+            small.append(b"\r\n")
+            if self.ttl_ms is not None:
+                small.append(_bulk(b"PX") + _bulk(b"%d" % self.ttl_ms))
+        chunks.append(b"".join(small))
+        replies = self._pipeline(client, route, chunks, len(items))
+        done = [key for (key, _), r in zip(items, replies, strict=True) if not isinstance(r, Exception)]
+        return self._outcome(route, done, replies)
+
+    def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        packed = b"".join(_command(b"GET", self._prefix + key) for key, _ in items)
+        replies = self._pipeline(client, route, [packed], len(items))
+        done = []
+        for (key, slot), blob in zip(items, replies, strict=True):
+            if not isinstance(blob, Exception) and self._fill(key, slot, blob):
+                done.append(key)
+        return self._outcome(route, done, replies)
+
+    def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
+        packed = b"".join(_command(b"EXISTS", self._prefix + key) for key in keys)
+        replies = self._pipeline(client, route, [packed], len(keys))
+        for r in replies:
+            if isinstance(r, Exception):
+                raise r
+        return [bool(r) for r in replies]
+
+    def _drop_corrupt(self, key: BlockKey) -> None:
+        route = self._route(key)
+
+        def drop() -> None:
+            # Best effort, after the load has answered: until then the bad value is simply a miss.
+            self._call(route, lambda c: self._pipeline(c, route, [_command(b"DEL", self._prefix + key)], 1))
+
+        self.run_on_worker(Priority.MAINTENANCE, drop)
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info.update(
+            url=self._shown_url, cluster=self.cluster, ttl_ms=self.ttl_ms, key_prefix=self._prefix.decode()
+        )
+        return info
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _conn_options(self, *, cluster: bool) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "socket_timeout": self.op_timeout,
+            "socket_connect_timeout": self.op_timeout,
+        }
+        if not cluster:
+            opts["retry"] = Retry(NoBackoff(), 0)  # the breaker decides about retrying, not the client
+            opts["health_check_interval"] = 0
+        if self._password is not None:
+            opts["password"] = self._password
+        return opts
+
+    def _connection(self, client: _Conns, route: str) -> Any:
+        conn = client.by_route.get(route)
+        if conn is None:
+            if self.cluster:
+                cl = self._cluster
+                node = cl.get_node(node_name=route) if route else cl.get_default_node()
+                if node is None:
+                    raise rx.ConnectionError(f"no cluster node {route!r} in the slot map")
+                pool = cl.get_redis_connection(node).connection_pool
+            else:
+                pool = self._conn_pool
+            conn = pool.get_connection()
+            client.by_route[route] = conn
+        return conn
+
+    def _pipeline(self, client: _Conns, route: str, chunks: list[bytes | memoryview], n: int) -> list[Any]:
+        """Send ``chunks`` (``n`` commands) and read ``n`` replies; an error reply is returned in
+        its place, anything else (a dead socket) closes the connection and raises."""
+        conn = self._connection(client, route)
+        try:
+            conn.send_packed_command(chunks, check_health=False)
+            replies: list[Any] = []
+            for _ in range(n):
+                try:
+                    replies.append(conn.read_response())
+                except rx.ResponseError as exc:  # one command failed; the stream is still in step
+                    replies.append(exc)
+        except BaseException:
+            client.by_route.pop(route, None)
+            conn.disconnect()
+            raise
+        return replies
+
+    def _outcome(self, route: str, done: list[BlockKey], replies: list[Any]) -> ChunkOutcome:
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if not errors:
+            return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
+        err = self.error_map.translate(errors[0])
+        self._on_error(route, err)
+        if isinstance(errors[0], rx.AskError):
+            self._refresh_slots()
+        return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes, error=str(err))
+
+    def _refresh_slots(self) -> None:
+        if self._cluster is None or self._refreshing:
+            return
+        self._refreshing = True
+
+        def refresh() -> None:
+            try:
+                self._cluster.nodes_manager.initialize()
+            except Exception as exc:
+                self.rlog.warning(
+                    "slots", f"kvtier {self.name}: slot map refresh failed: {type(exc).__name__}"
+                )
+            finally:
+                self._refreshing = False
+
+        if not self.run_on_worker(Priority.MAINTENANCE, refresh):
+            self._refreshing = False
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password (never logged or shown)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + host))

@@ -1,0 +1,447 @@
+"""``RemoteTier``: the base of every network tier (Redis, S3-compatible ``obj``, Mooncake, p2p).
+
+It sits on :class:`~kvtier.tiers.async_tier.AsyncTier` (chunking, exactly-once reports, shutdown,
+back-pressure) and adds what a shared remote store needs:
+
+* **A client per worker thread.** :meth:`RemoteTier._connect` is called lazily on each worker the
+  first time it needs the server, so no client is shared between threads and a tier whose server is
+  down at start-up still builds (it answers MISS until the server is there). A client that failed
+  with an availability error is closed and rebuilt on next use.
+* **Routes and circuit breakers.** :meth:`RemoteTier._route` names the server a key lives on (``""``
+  for one server; a Cluster node, a peer). Each route has a
+  :class:`~kvtier.tiers.remote_breaker.CircuitBreaker` fed by the outcome of every real operation
+  (never by a health call). While a route's breaker is open its keys answer MISS, its stores are
+  dropped and counted (``dropped_stores``) and its loads fail at once; after ``breaker_reset`` s one
+  trial goes through (the next job, or a :meth:`RemoteTier._probe` the tier starts itself when a
+  lookup finds the breaker due), and the breaker closes when it succeeds.
+* **Deadlines.** ``op_timeout`` (default 1 s) is passed by each backend to its client as the socket
+  connect/read timeout of every request, so a worker never waits longer than that per attempt; the
+  engine thread never waits at all (lookups are answered from memory).
+* **One error map.** Everything a client raises goes through the class's ``error_map``
+  (:class:`~kvtier.tiers.remote_errors.ErrorMap`): unavailability trips the breaker and rebuilds the
+  client, "full" pauses stores for ``full_backoff`` s, anything else fails only the chunk.
+* **An existence index** (:class:`~kvtier.tiers.remote_index.ExistenceIndex`): known keys HIT,
+  an unknown key answers MISS while a batched existence check runs on a worker (or RETRY, with
+  ``unknown_keys: wait``), a checked-missing key stays MISS for ``negative_ttl`` s, then is checked
+  again (so another instance's writes appear).
+* **The block format.** Values are :mod:`kvtier.codec` blobs (header with key, namespace tag,
+  lengths and checksum, then the payload); :meth:`RemoteTier._fill` verifies a fetched blob and
+  copies it into the slot, counting a corrupt or truncated one in ``stats.corrupt`` and never
+  serving it.
+
+Writing a network tier: subclass, set ``error_map``, implement ``_connect``, ``_put``, ``_get`` and
+``_exists`` (all on worker threads, may raise client exceptions freely: the base translates them),
+optionally ``_route``, ``_probe`` and ``_close_client``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from kvtier import codec
+from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.keys import BlockKey, LookupResult
+from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
+from kvtier.tiers.backpressure import GateConfig, StoreGate
+from kvtier.tiers.base import TierContext
+from kvtier.tiers.remote_breaker import CircuitBreaker
+from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError
+from kvtier.tiers.remote_index import ExistenceIndex
+from kvtier.transfer.workers import Priority
+
+__all__ = ["RemoteTier", "positive_number"]
+
+Item = tuple[BlockKey, int]
+T = TypeVar("T")
+_CHECK_BATCH = 256
+
+
+def positive_number(name: str, value: Any, *, maximum: float | None = None) -> float:
+    """``value`` as a float > 0 (and <= ``maximum``), else a :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(name, f"expected a number > 0, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, f"expected at most {maximum:g}, got {value!r}")
+    return float(value)
+
+
+class RemoteTier(AsyncTier):
+    """A shared network tier (see the module doc).
+
+    Args (config keys common to every network tier):
+        threads: worker threads (each holds its own client). batch_blocks: blocks per chunk.
+        op_timeout: seconds, the deadline of one request (connect and read), <= 60.
+        breaker_failures: failed operations in a row that open a route's breaker.
+        breaker_reset: seconds a breaker stays open before a trial.
+        negative_ttl: seconds a key checked missing stays MISS before it is checked again.
+        unknown_keys: what a key the index does not know answers: ``"check"`` (MISS now, checked
+            on the server in the background), ``"wait"`` (RETRY until checked) or ``"miss"``.
+        full_backoff: seconds stores pause after a "server full" / "slow down" answer.
+        backpressure: latency marks of the store gate (:class:`~kvtier.tiers.backpressure.GateConfig`).
+        index_capacity: most keys the existence index remembers.
+    """
+
+    medium: ClassVar[str] = "REMOTE"
+    persistent: ClassVar[bool] = True
+    shared: ClassVar[bool] = True
+    tolerates_off_thread_polling: ClassVar[bool] = True
+    #: The backend's exception map (subclasses set it).
+    error_map: ClassVar[ErrorMap] = ErrorMap("remote", [])
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        context: TierContext,
+        threads: int = 4,
+        batch_blocks: int = 8,
+        op_timeout: float = 1.0,
+        breaker_failures: int = 3,
+        breaker_reset: float = 1.0,
+        negative_ttl: float = 2.0,
+        unknown_keys: str = "check",
+        full_backoff: float = 1.0,
+        backpressure: Mapping[str, Any] | None = None,
+        index_capacity: int = 1 << 20,
+        log_interval: float = 10.0,
+    ) -> None:
+        super().__init__(
+            primary_kv_view=primary_kv_view,
+            context=context,
+            threads=threads,
+            batch_blocks=batch_blocks,
+            log_interval=log_interval,
+            store_gate=StoreGate(GateConfig.from_options(backpressure)),
+        )
+        self.op_timeout = positive_number("op_timeout", op_timeout, maximum=60)
+        if (
+            isinstance(breaker_failures, bool)
+            or not isinstance(breaker_failures, int)
+            or breaker_failures < 1
+        ):
+            raise ConfigError("breaker_failures", f"expected an integer >= 1, got {breaker_failures!r}")
+        self.breaker_failures = breaker_failures
+        self.breaker_reset = positive_number("breaker_reset", breaker_reset)
+        self.full_backoff = positive_number("full_backoff", full_backoff)
+        if isinstance(negative_ttl, bool) or not isinstance(negative_ttl, int | float) or negative_ttl < 0:
+            raise ConfigError("negative_ttl", f"expected a number >= 0, got {negative_ttl!r}")
+        if unknown_keys not in ExistenceIndex.POLICIES:
+            choices = ", ".join(ExistenceIndex.POLICIES)
+            raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
+        if isinstance(index_capacity, bool) or not isinstance(index_capacity, int) or index_capacity < 1:
+            raise ConfigError("index_capacity", f"expected an integer >= 1, got {index_capacity!r}")
+        self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys)
+        self.ns_tag = codec.namespace_tag(context.namespace)
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._checkers = 0
+        self._probing: set[str] = set()
+
+    # -- to implement (worker threads; client exceptions may escape: the base maps them) ---------
+    def _connect(self) -> Any:
+        """A new client for the calling worker thread."""
+        raise NotImplementedError
+
+    def _close_client(self, client: Any) -> None:
+        """Release one client (default: its ``close()`` if it has one)."""
+        close = getattr(client, "close", None)
+        if callable(close):
+            close()
+
+    def _route(self, key: BlockKey) -> str:
+        """The server ``key`` lives on (engine or worker thread, memory only). Default: one server."""
+        return ""
+
+    def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        """Write ``items`` (all on ``route``) with :meth:`_blob_parts`; return the outcome."""
+        raise NotImplementedError
+
+    def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        """Fetch ``items`` (all on ``route``) and :meth:`_fill` each slot; return the outcome."""
+        raise NotImplementedError
+
+    def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
+        """Whether each key is on the server (one batched round trip where the backend allows)."""
+        raise NotImplementedError
+
+    def _probe(self, client: Any, route: str) -> None:
+        """A real data-path operation on ``route`` (not a health call); raises if it fails."""
+        self._exists(client, route, [BlockKey(b"kvtier-probe")])
+
+    # -- helpers for subclasses -------------------------------------------------------------------
+    def _blob_parts(self, key: BlockKey, slot: int) -> tuple[bytes, memoryview]:
+        """The codec header and a zero-copy view of the payload of ``slot`` (stored as ``key``)."""
+        payload = memoryview(self.slot_array(slot).data)
+        head = codec.encode_header(
+            bytes(key), payload.nbytes, codec.payload_checksum(bytes(key), self.ns_tag, payload), self.ns_tag
+        )
+        return head, payload
+
+    def _fill(self, key: BlockKey, slot: int, blob: bytes | memoryview | bytearray | None) -> bool:
+        """Verify ``blob`` (``None`` = missing) and copy its payload into ``slot``; ``False`` for a
+        missing, foreign, truncated or corrupt blob (counted, never served)."""
+        if blob is None:
+            self._vanished(key)
+            return False
+        try:
+            payload = codec.decode(blob, key=bytes(key), ns_tag=self.ns_tag)
+            if payload.nbytes != self.block_bytes:
+                raise codec.CorruptBlockError(
+                    "length", f"payload {payload.nbytes} B, block is {self.block_bytes} B"
+                )
+        except codec.CorruptBlockError as exc:
+            with self._lock:
+                self.stats.corrupt += 1
+                self.index.forget(key, self.context.clock())
+            self.rlog.warning("corrupt", f"kvtier {self.name}: dropped a bad value ({exc.reason}): {exc}")
+            self._drop_corrupt(key)
+            return False
+        np.copyto(self.slot_array(slot), np.frombuffer(payload, dtype=np.uint8))
+        return True
+
+    def _drop_corrupt(self, key: BlockKey) -> None:
+        """Remove a value that failed verification (default: leave it; a later store overwrites it)."""
+
+    def _vanished(self, key: BlockKey) -> None:
+        with self._lock:
+            self.index.forget(key, self.context.clock())
+
+    def breaker(self, route: str = "") -> CircuitBreaker:
+        """The breaker of ``route`` (created closed on first use)."""
+        br = self._breakers.get(route)
+        if br is None:
+            br = self._breakers.setdefault(
+                route, CircuitBreaker(self.breaker_failures, self.breaker_reset, self.context.clock)
+            )
+        return br
+
+    # -- the contract -------------------------------------------------------------------------------
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        probe: str | None = None
+        check = False
+        with self._lock:
+            self.stats.lookups += 1
+            route = self._route(key)
+            br = self._breakers.get(route)
+            if br is not None and not br.peek():
+                answer = LookupResult.MISS
+                if br.due() and route not in self._probing:
+                    self._probing.add(route)
+                    probe = route
+            else:
+                answer = self.index.lookup(key, self.context.clock())
+                if answer is LookupResult.HIT:
+                    self.stats.hits += 1
+                elif self.index.has_queue() and self._checkers < max(1, self.threads // 2):
+                    self._checkers += 1
+                    check = True
+        # Queued outside the lock: the worker pool is created under it on first use.
+        if probe is not None and not self.run_on_worker(
+            Priority.MAINTENANCE, lambda: self._probe_task(route)
+        ):
+            with self._lock:
+                self._probing.discard(route)
+        if check and not self.run_on_worker(Priority.LOAD, self._check_task):
+            with self._lock:
+                self._checkers -= 1
+                self.index.clear_pending()
+        return answer
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        with self._lock:
+            for key in keys:
+                if key in self.index.known:
+                    self.index.known.move_to_end(key)
+
+    def get_stats(self) -> dict[str, int]:
+        out = super().get_stats()
+        breakers = list(self._breakers.values())
+        out["breaker_open"] = sum(b.code != 0 for b in breakers)
+        out["breaker_opens"] = sum(b.opens for b in breakers)
+        out["breaker_rejected"] = sum(b.rejected for b in breakers)
+        return out
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info["op_timeout"] = self.op_timeout
+        info["breakers"] = {r or "server": b.state for r, b in self._breakers.items()}
+        return info
+
+    # -- AsyncTier hooks -------------------------------------------------------------------------------
+    def _before_store(self, state: JobState) -> None:
+        keep, held, refused = [], [], 0
+        allowed: dict[str, bool] = {}
+        for key, slot in state.items:
+            if key in self.index.known:
+                held.append(key)  # a hint: keys name content, so a known key needs no write
+                continue
+            route = self._route(key)
+            if route not in allowed:
+                allowed[route] = self.breaker(route).allow()
+            if allowed[route]:
+                keep.append((key, slot))
+            else:
+                refused += 1
+        state.ok.update(held)
+        state.items = keep
+        if refused:
+            self.stats.dropped_stores += refused
+            state.error = state.error or "server unreachable (circuit breaker open); store dropped"
+
+    def _before_load(self, state: JobState) -> None:
+        keep, refused = [], 0
+        allowed: dict[str, bool] = {}
+        for key, slot in state.items:
+            route = self._route(key)
+            if route not in allowed:
+                allowed[route] = self.breaker(route).allow()
+            if allowed[route]:
+                keep.append((key, slot))
+            else:
+                refused += 1
+        state.items = keep
+        if refused:
+            state.error = state.error or "server unreachable (circuit breaker open)"
+
+    def _store_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
+        outcome = self._per_route(items, self._put)
+        if outcome.done:
+            with self._lock:
+                self.index.warm = True
+                for key in outcome.done:
+                    self.index.add(key)
+        return outcome
+
+    def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
+        outcome = self._per_route(items, self._get)
+        if outcome.done:
+            with self._lock:
+                self.index.warm = True
+                for key in outcome.done:
+                    self.index.add(key)
+        if outcome.error is None and len(outcome.done) < len({k for k, _ in items}):
+            missing = len({k for k, _ in items}) - len(set(outcome.done))
+            return ChunkOutcome(outcome.done, outcome.nbytes, f"{missing} key(s) missing or corrupt")
+        return outcome
+
+    def _close_resources(self) -> None:
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            try:
+                self._close_client(client)
+            except Exception:  # closing a broken connection may fail; nothing to do about it
+                self.log.debug("kvtier %s: error closing a client", self.name, exc_info=True)
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _per_route(
+        self, items: list[Item], op: Callable[[Any, str, list[Item]], ChunkOutcome]
+    ) -> ChunkOutcome:
+        # The client first: building it may load what routing needs (a Cluster's slot map).
+        ready = self._call("", lambda client: client, answered=False)
+        if isinstance(ready, TierError):
+            return ChunkOutcome(error=str(ready))
+        groups: dict[str, list[Item]] = {}
+        for key, slot in items:
+            groups.setdefault(self._route(key), []).append((key, slot))
+        done: list[BlockKey] = []
+        nbytes = 0
+        error: str | None = None
+        for route, group in groups.items():
+            result = self._call(route, lambda client, r=route, g=group: op(client, r, g))  # type: ignore[misc]
+            if isinstance(result, TierError):
+                error = error or str(result)
+                continue
+            done.extend(result.done)
+            nbytes += result.nbytes
+            error = error or result.error
+        return ChunkOutcome(done=done, nbytes=nbytes, error=error)
+
+    def _call(self, route: str, fn: Callable[[Any], T], *, answered: bool = True) -> T | TierError:
+        """Run ``fn(client)``; feed the route's breaker (a success only if ``answered``: the server
+        took part); return the result or the mapped error."""
+        try:
+            result = fn(self._client())
+        except Exception as exc:
+            err = self.error_map.translate(exc)
+            self._on_error(route, err)
+            return err
+        if answered:
+            self.breaker(route).success()
+        return result
+
+    def _on_error(self, route: str, err: TierError) -> None:
+        where = f" ({route})" if route else ""
+        if isinstance(err, TierUnavailableError):
+            self.breaker(route).failure()
+            self._reset_client()
+            self.rlog.warning(f"unavailable{route}", f"kvtier {self.name}: server unreachable{where}: {err}")
+        elif isinstance(err, RemoteFullError):
+            self.breaker(route).success()  # it answered
+            self.store_gate.pause(self.full_backoff, f"server full{where}: {err}")
+            self.rlog.warning("full", f"kvtier {self.name}: server full{where}; stores paused: {err}")
+        else:
+            self.breaker(route).success()
+            self.rlog.warning(type(err).__name__, f"kvtier {self.name}: request failed{where}: {err}")
+
+    def _client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._connect()
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def _reset_client(self) -> None:
+        client = getattr(self._local, "client", None)
+        self._local.client = None
+        if client is None:
+            return
+        with self._lock:
+            if client in self._clients:
+                self._clients.remove(client)
+        try:
+            self._close_client(client)
+        except Exception:
+            self.log.debug("kvtier %s: error closing a client", self.name, exc_info=True)
+
+    def _check_task(self) -> None:
+        while True:
+            with self._lock:
+                keys = self.index.take_queue(_CHECK_BATCH)
+                if not keys:
+                    self._checkers -= 1
+                    return
+            ready = self._call("", lambda client: client, answered=False)
+            if isinstance(ready, TierError):
+                with self._lock:
+                    self.index.abandon(keys)
+                continue
+            groups: dict[str, list[BlockKey]] = {}
+            for key in keys:
+                groups.setdefault(self._route(key), []).append(key)
+            for route, group in groups.items():
+                if not self.breaker(route).peek():
+                    answers: list[bool] | TierError = TierUnavailableError("breaker open")
+                else:
+                    answers = self._call(route, lambda c, r=route, g=group: self._exists(c, r, g))  # type: ignore[misc]
+                with self._lock:
+                    if isinstance(answers, TierError):
+                        self.index.abandon(group)
+                    else:
+                        self.index.resolve(group, answers, self.context.clock())
+                        self.index.warm = True
+
+    def _probe_task(self, route: str) -> None:
+        try:
+            if self.breaker(route).allow():
+                self._call(route, lambda c: self._probe(c, route))
+        finally:
+            with self._lock:
+                self._probing.discard(route)
