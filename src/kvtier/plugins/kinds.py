@@ -35,6 +35,7 @@ _BUILTIN_TIERS = {
     "example": "kvtier.tiers.example:ExampleTier",
     "fs": "kvtier.tiers.fs:FsTier",
     "redis": "kvtier.tiers.redis:RedisTier",
+    "mooncake": "kvtier.tiers.mooncake:MooncakeTier",
 }
 _BUILTIN_POLICIES = {
     "lru": "kvtier.policies.lru:LRUPolicy",
