@@ -18,11 +18,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from needs import need, need_module
 
-__all__ = ["LOOPBACK_ENV", "MooncakeStore", "free_port", "loopback_env"]
+__all__ = ["LOOPBACK_ENV", "MooncakeStore", "free_port", "loopback_env", "mooncake_store", "raw_client"]
 
 LOOPBACK_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 
@@ -171,3 +174,22 @@ class MooncakeStore:
         self.holder = None
         _end(self.master)
         self.master = None
+
+
+@pytest.fixture(scope="module")
+def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeStore]:
+    """A store for one test module (import this fixture into the module)."""
+    os.environ.update(LOOPBACK_ENV)  # this process's transfer engine too: loopback only
+    store = MooncakeStore(tmp_path_factory.mktemp("mooncake"))
+    yield store
+    store.stop()
+
+
+def raw_client(store: MooncakeStore) -> Any:
+    """A plain ``MooncakeDistributedStore`` on ``store`` (a pure client), to inspect or damage values."""
+    from mooncake.store import MooncakeDistributedStore
+
+    client = MooncakeDistributedStore()
+    code = client.setup("127.0.0.1", store.metadata_server, 0, 16 << 20, "tcp", "", store.master_addr)
+    assert code == 0, f"mooncake setup answered {code}"
+    return client

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mooncake_servers import LOOPBACK_ENV, MooncakeStore
+from mooncake_servers import MooncakeStore, mooncake_store
 from needs import need_module
 
 from kvtier.testing import AsyncTierContractTests, PrimaryBuffer
@@ -18,13 +16,7 @@ need_module("mooncake.store", "mooncake")
 
 from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeStore]:
-    os.environ.update(LOOPBACK_ENV)  # this process's transfer engine too: loopback only
-    s = MooncakeStore(tmp_path_factory.mktemp("mooncake"))
-    yield s
-    s.stop()
+__all__ = ["mooncake_store"]  # the module's store fixture
 
 
 def prefix(workdir: Path) -> str:
@@ -35,8 +27,8 @@ def prefix(workdir: Path) -> str:
 
 class TestMooncakeContract(AsyncTierContractTests):
     @pytest.fixture(autouse=True)
-    def _store(self, store: MooncakeStore) -> None:
-        self.mc = store
+    def _store(self, mooncake_store: MooncakeStore) -> None:
+        self.mc = mooncake_store
 
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> MooncakeTier:
         cfg = self.mc.tier_config(key_prefix=prefix(workdir))
