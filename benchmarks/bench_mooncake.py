@@ -3,7 +3,7 @@ the same bytes, same run, same store.
 
 A ``mooncake_master`` and a separate ``mooncake_client`` holder are started on free loopback ports
 (``MC_TCP_BIND_ADDRESS=127.0.0.1``; or ``--master``/``--metadata`` name a running store). For each
-block size (default 256 KiB, 1 MiB and 2 MiB, 64 blocks each):
+block size (default 256 KiB, 1 MiB and 2 MiB, 32 blocks each):
 
 * **tier store**: ``Engine.prepare_store`` + copy into the primary slots + ``complete_store``; timed
   from ``complete_store`` until ``drain()`` returns: the tier's job (checksum, header, the batched
@@ -181,9 +181,9 @@ def _size_tag(n: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--sizes", default="262144,1048576,2097152", help="block sizes in bytes, comma separated")
-    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--master", help="host:port of a running mooncake_master (default: start one)")
     ap.add_argument("--metadata", help="its metadata server URL (with --master)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
