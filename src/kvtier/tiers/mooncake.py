@@ -29,7 +29,8 @@ RDMA. Config (docs/mooncake.md has a copyable one)::
   (:meth:`MooncakeTier._probe`), never ``health_check`` (which only asks the master). Transfers are
   bounded: unless already set, ``MC_TCP_PROGRESS_TIMEOUT_SEC`` and ``MC_TCP_STATUS_TIMEOUT_SEC`` are
   set to ``op_timeout`` (rounded up) before the client starts, so a stalled holder costs seconds,
-  not the transport's default 30 s.
+  not the transport's default 30 s; ``MC_STORE_CLIENT_SETUP_RETRIES`` defaults to 1, so a master that
+  is down costs one set-up attempt (~5 s, on a worker) per breaker trial, not ~90 s.
 * **Replace semantics.** ``put`` keeps an existing value, so a value found corrupt is removed; when
   its lease still blocks the removal (``OBJECT_HAS_LEASE``), the next store of that key uses
   ``upsert`` instead.
@@ -331,6 +332,9 @@ class MooncakeTier(RemoteTier):
         # read when the client starts, so set before setup. An operator's own setting wins.
         for var in _DEADLINE_ENV:
             os.environ.setdefault(var, str(max(1, math.ceil(self.op_timeout))))
+        # A master that is down costs one attempt (~5 s on a worker) instead of the client's ~90 s
+        # of retries; the breaker's trial retries the set-up later.
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
         store = MooncakeDistributedStore()
         code = store.setup(
             self.local_hostname,
