@@ -20,7 +20,7 @@ from pathlib import Path
 
 from needs import need
 
-__all__ = ["RedisCluster", "RedisServer", "free_port", "s3_settings"]
+__all__ = ["CephGateway", "RedisCluster", "RedisServer", "free_port", "s3_settings"]
 
 
 def _port_free(port: int) -> bool:
@@ -45,7 +45,7 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with or without a password)
     except OSError:
         return False
 
@@ -155,3 +155,50 @@ def redis_server(workdir: Path, **kw: object):  # type: ignore[no-untyped-def]
         yield server
     finally:
         server.kill()
+
+
+class CephGateway:
+    """The radosgw process of the Ceph cluster ``ceph-rgw.sh`` started (env ``KVTIER_CEPH_DIR``):
+    stopped and restarted alone, with the conf the script wrote; the cluster keeps running."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.dir = Path(os.environ.get("KVTIER_CEPH_DIR", ""))
+        need(
+            bool(os.environ.get("KVTIER_CEPH_DIR")) and (self.dir / "ceph.conf").is_file(),
+            "KVTIER_CEPH_DIR does not name the directory of a running ceph-rgw.sh cluster",
+        )
+        self.endpoint = endpoint
+        self.pidfile = self.dir / "run" / "client.rgw.0.pid"
+
+    def up(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.endpoint, timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        pid = int(self.pidfile.read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"radosgw {pid} did not exit")
+
+    def start(self) -> None:
+        # radosgw daemonizes itself and writes its pid file; the conf binds it to 127.0.0.1 only.
+        subprocess.run(
+            ["radosgw", "-c", str(self.dir / "ceph.conf"), "-n", "client.rgw.0", "--no-mon-config"],
+            check=True, timeout=60, capture_output=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not self.up():
+            if time.monotonic() > deadline:
+                raise RuntimeError("radosgw did not answer after a restart")
+            time.sleep(0.2)

@@ -123,7 +123,9 @@ def test_damaged_values_are_never_served_and_are_replaced(mooncake_store: Moonca
         else:
             value = value + b"\0"
         assert raw.upsert(name, value) == 0
+        primary.rows[2] = 0xAB
         assert _load(tier, [a, b], [2, 3], 2) == {b}
+        assert not primary.block(2).any(), "a bad value must not stay in the slot"
         assert primary.block(3).tobytes() == written[1]
         assert tier.get_stats()["corrupt"] == 1
         assert tier.lookup(a) is LookupResult.MISS  # forgotten, not served again

@@ -25,9 +25,11 @@ RAM (or evicts it). Two signals feed the gate:
   ========== ================================================ =====================================
 
   Leaving ``thrott``/``drop`` needs the EMA under ``low_water`` (not just under ``high_water``), so a
-  tier hovering around the mark does not flap. The defaults (throttle above 0.5 s/MiB, i.e. under
-  ~2 MiB/s, drop above 2 s/MiB) only bite on a medium that is clearly failing; a tier config tunes
-  them with a ``backpressure`` mapping (:meth:`GateConfig.from_options`).
+  tier hovering around the mark does not flap. The defaults (throttle above 2 s/MiB, i.e. under
+  ~0.5 MiB/s or 2 s for a job of small blocks, drop above 8 s/MiB, reopen under 1 s/MiB) only bite
+  on a medium that is clearly failing -- an S3 gateway's first requests (a new connection, TLS)
+  take a few hundred ms and must not throttle anything; a tier config tunes them with a
+  ``backpressure`` mapping (:meth:`GateConfig.from_options`).
 
 :meth:`StoreGate.counters` are merged into the tier's ``get_stats()`` (``gate_state`` 0/1/2,
 ``gate_throttled`` stores refused by the throttle or the drop state, ``gate_ms_per_mib`` the EMA in
@@ -71,9 +73,9 @@ class GateConfig:
         enabled: ``False`` turns latency throttling off (pauses still work).
     """
 
-    high_water: float = 0.5
-    low_water: float = 0.2
-    drop_water: float = 2.0
+    high_water: float = 2.0
+    low_water: float = 1.0
+    drop_water: float = 8.0
     throttle_ratio: float = 0.5
     alpha: float = 0.2
     probe_interval: float = 0.5

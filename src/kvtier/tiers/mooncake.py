@@ -272,17 +272,17 @@ class MooncakeTier(RemoteTier):
             want.append((key, slot, hlen))
         codes = client.batch_get_into_multi_buffers(names, ptrs, sizes) if names else []
         done: list[BlockKey] = []
-        failed: list[tuple[BlockKey, str, int]] = []
+        failed: list[tuple[BlockKey, int, str, int]] = []
         for (key, slot, hlen), name, code in zip(want, names, codes, strict=True):
             if code == hlen + bb:
                 if self._verify(key, slot, hlen):
                     done.append(key)
             elif code >= 0 or code == mc.INVALID_PARAMS:
-                self._corrupt(key, f"object of {code} bytes, expected {hlen + bb}")
+                self._reject(key, slot, "length", f"object of {code} bytes, expected {hlen + bb}")
             elif mc.kind_of(code) == mc.MISSING:
                 self._vanished(key)
             else:
-                failed.append((key, name, code))
+                failed.append((key, slot, name, code))
         if failed:
             self._triage(client, failed, hlen_of={k: h for k, _, h in want})
         return ChunkOutcome(done=done, nbytes=len(done) * bb)
@@ -398,31 +398,31 @@ class MooncakeTier(RemoteTier):
             )
             codec.verify_payload(head, self.slot_array(slot).data)
         except codec.CorruptBlockError as exc:
-            self._corrupt(key, f"{exc.reason}: {exc}")
+            self._reject(key, slot, exc.reason, str(exc))
             return False
         return True
 
-    def _corrupt(self, key: BlockKey, why: str) -> None:
-        with self._lock:
-            self.stats.corrupt += 1
-            self.index.forget(key, self.context.clock())
-        self.rlog.warning("corrupt", f"kvtier {self.name}: dropped a bad value ({why})")
-        self._drop_corrupt(key)
+    def _reject(self, key: BlockKey, slot: int, reason: str, why: str) -> None:
+        """A value that failed verification: counted, forgotten, dropped, and the slot zeroed (the
+        transfer may have written part of it: never leave another key's bytes behind)."""
+        self.slot_array(slot)[:] = 0
+        self._corrupt(key, codec.CorruptBlockError(reason, why))
 
     def _triage(
-        self, client: Any, failed: list[tuple[BlockKey, str, int]], hlen_of: dict[BlockKey, int]
+        self, client: Any, failed: list[tuple[BlockKey, int, str, int]], hlen_of: dict[BlockKey, int]
     ) -> None:
         """Failed reads: an object of the wrong size also fails its transfer, so ask the master for
         the size first. Wrong size: corrupt (a miss). Right size: the holder is unreachable (raise,
         so the breaker counts it)."""
-        code = failed[0][2]
+        code = failed[0][3]
         unreachable = False
-        for key, name, _ in failed:
+        for key, slot, name, _ in failed:
             size = int(client.get_size(name))
             if size < 0 and mc.kind_of(size) == mc.MISSING:
                 self._vanished(key)
             elif size >= 0 and size != hlen_of[key] + self.block_bytes:
-                self._corrupt(key, f"object of {size} bytes, expected {hlen_of[key] + self.block_bytes}")
+                expected = hlen_of[key] + self.block_bytes
+                self._reject(key, slot, "length", f"object of {size} bytes, expected {expected}")
             else:
                 unreachable = True
         if unreachable:

@@ -180,6 +180,7 @@ class RedisTier(RemoteTier):
             if not isinstance(password_env, str) or password_env not in os.environ:
                 raise ConfigError("password_env", f"environment variable {password_env!r} is not set")
             self._password = os.environ[password_env]
+            self._url = _without_password(self._url)  # the URL's own password would win otherwise
         self._shown_url = _redact(self._url)
         self._prefix = f"{key_prefix}:{context.namespace}:".encode()
         self._shared_lock = threading.Lock()
@@ -347,6 +348,15 @@ class RedisTier(RemoteTier):
 
         if not self.run_on_worker(Priority.MAINTENANCE, refresh):
             self._refreshing = False
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}@" if parts.username else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + host))
 
 
 def _redact(url: str) -> str:

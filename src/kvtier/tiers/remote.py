@@ -195,14 +195,47 @@ class RemoteTier(AsyncTier):
                     "length", f"payload {payload.nbytes} B, block is {self.block_bytes} B"
                 )
         except codec.CorruptBlockError as exc:
-            with self._lock:
-                self.stats.corrupt += 1
-                self.index.forget(key, self.context.clock())
-            self.rlog.warning("corrupt", f"kvtier {self.name}: dropped a bad value ({exc.reason}): {exc}")
-            self._drop_corrupt(key)
-            return False
+            return self._corrupt(key, exc)
         np.copyto(self.slot_array(slot), np.frombuffer(payload, dtype=np.uint8))
         return True
+
+    def _receive(self, key: BlockKey, slot: int, read_into: Callable[[memoryview], int], size: int) -> bool:
+        """Stream one blob of ``size`` bytes straight into ``slot``: the header into a small
+        buffer, the payload into the slot itself (no intermediate copy), then verify it there.
+        ``read_into(view)`` fills a prefix of ``view`` and returns its length (0 at the end), like
+        ``socket.recv_into`` or a response body's ``readinto``. A blob of the wrong size or one
+        that fails verification is counted and leaves the slot zeroed (never another key's bytes).
+        """
+        head_len = codec.header_size(len(key))
+        if size != head_len + self.block_bytes:
+            return self._corrupt(
+                key,
+                codec.CorruptBlockError(
+                    "length", f"blob is {size} bytes, expected {head_len + self.block_bytes}"
+                ),
+            )
+        head = bytearray(head_len)
+        target = memoryview(self.slot_array(slot).data)
+        if not (_read_exact(read_into, memoryview(head)) and _read_exact(read_into, target)):
+            target[:] = bytes(len(target))
+            return self._corrupt(key, codec.CorruptBlockError("short", "blob ended early"))
+        try:
+            header = codec.parse_header(
+                head, expected_key=bytes(key), ns_tag=self.ns_tag, payload_len=self.block_bytes
+            )
+            codec.verify_payload(header, target)
+        except codec.CorruptBlockError as exc:
+            target[:] = bytes(len(target))
+            return self._corrupt(key, exc)
+        return True
+
+    def _corrupt(self, key: BlockKey, exc: codec.CorruptBlockError) -> bool:
+        with self._lock:
+            self.stats.corrupt += 1
+            self.index.forget(key, self.context.clock())
+        self.rlog.warning("corrupt", f"kvtier {self.name}: dropped a bad value ({exc.reason}): {exc}")
+        self._drop_corrupt(key)
+        return False
 
     def _drop_corrupt(self, key: BlockKey) -> None:
         """Remove a value that failed verification (default: leave it; a later store overwrites it)."""
@@ -445,3 +478,14 @@ class RemoteTier(AsyncTier):
         finally:
             with self._lock:
                 self._probing.discard(route)
+
+
+def _read_exact(read_into: Callable[[memoryview], int], view: memoryview) -> bool:
+    """Fill ``view`` completely; ``False`` if the stream ends first."""
+    got = 0
+    while got < len(view):
+        n = read_into(view[got:])
+        if not n:
+            return False
+        got += n
+    return True

@@ -1,0 +1,296 @@
+"""Remote tiers' store/load throughput next to the raw clients on the same server, same run.
+
+For 512 KiB and 4 MiB blocks:
+
+* **redis**: the ``redis`` tier storing one job of ``--blocks`` blocks (chunked over ``--threads``
+  workers, pipelined per chunk), then loading them into other primary slots; next to raw redis-py
+  doing the same pipelined ``SET``\\ s / ``GET``\\ s of the same bytes with the same threads and the
+  same blocks per pipeline, once with redis-py's default packer (hiredis when installed) and once
+  with its pure-Python packer. The reference is the faster raw variant (the strongest baseline);
+  with hiredis installed its packer copies every value, which is why kvtier sends values itself.
+* **s3**: the ``obj`` tier on the S3 endpoint (``--s3-endpoint``, default ``$KVTIER_S3_ENDPOINT``)
+  next to plain boto3 ``put_object`` / ``get_object().read()`` with the same threads (one client per
+  thread, default config), and boto3 with kvtier's client settings (CRC32 off) as a second raw
+  variant. The ratio uses the plain default client (what a user would write); the tuned figure
+  shows where the difference comes from.
+
+A redis-server is started on a free loopback port for the run (and stopped); the S3 part is skipped
+when no endpoint is given. Each figure is the best of ``--repeat`` rounds with fresh keys, tier and
+raw interleaved. ``--json`` prints ONE JSON object with ``ratios`` (kvtier / reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from kvtier.jobs import TransferJob
+from kvtier.keys import BlockKey
+from kvtier.testing import PrimaryBuffer, wait_for_jobs
+from kvtier.tiers.async_tier import AsyncTier
+
+MIB = 1 << 20
+_ids = itertools.count(1)
+
+
+def tier_round(tier: AsyncTier, primary: PrimaryBuffer, n: int, tag: str) -> tuple[float, float]:
+    """Seconds to store n blocks (slots 0..n-1) as one job, then to load them into n..2n-1."""
+    keys = [BlockKey(f"{tag}-{i}".encode()) for i in range(n)]
+    job = TransferJob(next(_ids), keys, np.arange(n, dtype=np.int32))
+    t0 = time.perf_counter()
+    tier.submit_store(job)
+    res = wait_for_jobs(tier, [job.job_id], timeout=120)[job.job_id]
+    t_store = time.perf_counter() - t0
+    assert res.success, res.error
+    job = TransferJob(next(_ids), keys, np.arange(n, 2 * n, dtype=np.int32), is_promotion=True)
+    t0 = time.perf_counter()
+    tier.submit_load(job)
+    res = wait_for_jobs(tier, [job.job_id], timeout=120)[job.job_id]
+    t_load = time.perf_counter() - t0
+    assert res.success, res.error
+    assert np.array_equal(primary.rows[n : 2 * n, : primary.block_bytes], primary.rows[:n, : primary.block_bytes])
+    return t_store, t_load
+
+
+def parallel(pool: ThreadPoolExecutor, parts: list[Any], fn: Callable[[Any], Any]) -> float:
+    t0 = time.perf_counter()
+    for f in [pool.submit(fn, p) for p in parts]:
+        f.result()
+    return time.perf_counter() - t0
+
+
+def split(items: list[Any], threads: int, batch: int) -> list[list[Any]]:
+    per = max(1, min(batch, -(-len(items) // threads)))
+    return [items[i : i + per] for i in range(0, len(items), per)]
+
+
+# -- redis -----------------------------------------------------------------------------------------------
+def start_redis(workdir: str) -> tuple[subprocess.Popen[bytes], int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.02)
+
+
+def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]:
+    import redis
+    from redis._parsers import Encoder
+    from redis.connection import HIREDIS_AVAILABLE, PythonRespSerializer
+
+    from kvtier.tiers.redis import RedisTier
+
+    workdir = tempfile.mkdtemp(prefix="kvtier-bench-redis-")
+    proc, port = start_redis(workdir)
+    url = f"redis://127.0.0.1:{port}/0"
+    batch = max(1, -(-n // threads))
+    primary = PrimaryBuffer.heap(2 * n, block, block)
+    primary.fill_random(range(n), seed=1)
+    tier = RedisTier(
+        primary_kv_view=primary.view, context=primary.context("redis"), url=url, threads=threads,
+        batch_blocks=batch, op_timeout=30,
+    )  # fmt: skip
+    values = [memoryview(primary.rows[i, :block].data) for i in range(n)]
+    encode = Encoder("utf-8", "strict", False).encode
+    clients = {
+        "default": redis.Redis.from_url(url, socket_timeout=30),
+        "python": redis.Redis(
+            connection_pool=redis.ConnectionPool.from_url(
+                url, socket_timeout=30, command_packer=PythonRespSerializer(6000, encode)
+            )
+        ),
+    }
+    best: dict[str, float] = {}
+
+    def keep(name: str, seconds: float) -> None:
+        best[name] = min(best.get(name, float("inf")), seconds)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            for r in range(repeat):
+                s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
+                keep("tier_store", s)
+                keep("tier_load", lo)
+                for name, client in clients.items():
+                    tag = f"raw-{name}-{r}"
+                    parts = split(list(range(n)), threads, batch)
+
+                    def put(idx: list[int], c: Any = client, tag: str = tag) -> None:
+                        p = c.pipeline(transaction=False)
+                        for i in idx:
+                            p.set(f"{tag}-{i}", values[i])
+                        p.execute()
+
+                    def get(idx: list[int], c: Any = client, tag: str = tag) -> None:
+                        p = c.pipeline(transaction=False)
+                        for i in idx:
+                            p.get(f"{tag}-{i}")
+                        out = p.execute()
+                        assert all(v is not None and len(v) == block for v in out)
+
+                    keep(f"raw_{name}_store", parallel(pool, parts, put))
+                    keep(f"raw_{name}_load", parallel(pool, parts, get))
+                clients["default"].flushall()
+                tier.index.known.clear()
+    finally:
+        tier.shutdown()
+        for c in clients.values():
+            c.close()
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+    mib = n * block / MIB
+    out: dict[str, Any] = {"block_bytes": block, "blocks": n, "threads": threads, "hiredis": HIREDIS_AVAILABLE}
+    for k, v in best.items():
+        out[f"{k}_mib_s"] = round(mib / v, 1)
+    for op in ("store", "load"):
+        ref = max(out[f"raw_default_{op}_mib_s"], out[f"raw_python_{op}_mib_s"])
+        out[f"ratio_{op}"] = round(out[f"tier_{op}_mib_s"] / ref, 3)
+    return out
+
+
+# -- s3 -----------------------------------------------------------------------------------------------------
+def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> dict[str, Any]:
+    import boto3
+    from botocore.config import Config
+
+    from kvtier.tiers.obj import ObjTier
+
+    creds = {
+        "aws_access_key_id": os.environ.get("KVTIER_S3_ACCESS_KEY", "kvtier"),
+        "aws_secret_access_key": os.environ.get("KVTIER_S3_SECRET_KEY", "kvtier-secret"),
+    }
+    bucket = "kvtier-bench"
+    primary = PrimaryBuffer.heap(2 * n, block, block)
+    primary.fill_random(range(n), seed=2)
+    tier = ObjTier(
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket=bucket, prefix="bench",
+        endpoint_url=endpoint, region="us-east-1", addressing_style="path", create_bucket=True,
+        access_key_id=creds["aws_access_key_id"], secret_access_key=creds["aws_secret_access_key"],
+        io_threads=threads, batch_blocks=1, op_timeout=30, warm_listing=0,
+    )  # fmt: skip
+    configs = {
+        "default": Config(s3={"addressing_style": "path"}, max_pool_connections=threads),
+        "tuned": Config(
+            s3={"addressing_style": "path"}, max_pool_connections=threads,
+            request_checksum_calculation="when_required", response_checksum_validation="when_required",
+        ),  # fmt: skip
+    }
+    local = threading.local()
+
+    def client(name: str) -> Any:
+        c = getattr(local, name, None)
+        if c is None:  # one client per thread, made before the timed part (warm-up round below)
+            c = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint, region_name="us-east-1", config=configs[name], **creds
+            )
+            setattr(local, name, c)
+        return c
+
+    body = [primary.rows[i, :block].tobytes() for i in range(n)]
+    best: dict[str, float] = {}
+
+    def keep(name: str, seconds: float) -> None:
+        best[name] = min(best.get(name, float("inf")), seconds)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            for r in range(repeat + 1):  # round 0 warms connections and clients for everyone
+                s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
+                for name in configs:
+                    tag = f"raw-{name}-{r}-{uuid.uuid4().hex[:6]}"
+
+                    def put(i: int, name: str = name, tag: str = tag) -> None:
+                        client(name).put_object(Bucket=bucket, Key=f"{tag}/{i}", Body=body[i])
+
+                    def get(i: int, name: str = name, tag: str = tag) -> None:
+                        data = client(name).get_object(Bucket=bucket, Key=f"{tag}/{i}")["Body"].read()
+                        assert len(data) == block
+
+                    ts = parallel(pool, list(range(n)), put)
+                    tl = parallel(pool, list(range(n)), get)
+                    if r:
+                        keep(f"raw_{name}_store", ts)
+                        keep(f"raw_{name}_load", tl)
+                if r:
+                    keep("tier_store", s)
+                    keep("tier_load", lo)
+    finally:
+        tier.shutdown()
+    mib = n * block / MIB
+    out: dict[str, Any] = {"block_bytes": block, "blocks": n, "threads": threads, "client": "boto3"}
+    for k, v in best.items():
+        out[f"{k}_mib_s"] = round(mib / v, 1)
+    for op in ("store", "load"):
+        out[f"ratio_{op}"] = round(out[f"tier_{op}_mib_s"] / out[f"raw_default_{op}_mib_s"], 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="512KiB,4MiB", help="block sizes (KiB/MiB)")
+    ap.add_argument("--mib", type=int, default=32, help="MiB per round and size")
+    ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
+    ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_S3_ENDPOINT", ""))
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    sizes = [int(s[:-3]) * (1024 if s.endswith("KiB") else MIB) for s in args.sizes.split(",")]
+    doc: dict[str, Any] = {"redis": {}, "s3": {}, "ratios": {}}
+    t0 = time.perf_counter()
+    for size in sizes:
+        tag = f"{size // 1024}KiB" if size < MIB else f"{size // MIB}MiB"
+        n = max(2, args.mib * MIB // size)
+        if shutil.which("redis-server"):
+            r = bench_redis(size, n, args.threads, args.repeat)
+            doc["redis"][tag] = r
+            doc["ratios"][f"redis_store_{tag}"] = r["ratio_store"]
+            doc["ratios"][f"redis_load_{tag}"] = r["ratio_load"]
+        if args.s3_endpoint:
+            r = bench_s3(args.s3_endpoint, size, max(2, n // 2), args.s3_threads, args.repeat)
+            doc["s3"][tag] = r
+            doc["ratios"][f"s3_store_{tag}"] = r["ratio_store"]
+            doc["ratios"][f"s3_load_{tag}"] = r["ratio_load"]
+    doc["seconds"] = round(time.perf_counter() - t0, 1)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    for backend in ("redis", "s3"):
+        for tag, r in doc[backend].items():
+            figures = ", ".join(f"{k[:-6]} {v}" for k, v in r.items() if k.endswith("_mib_s"))
+            print(f"{backend} {tag} x{r['blocks']} ({r['threads']} threads), MiB/s: {figures}")
+            print(f"    ratio kvtier/reference: store {r['ratio_store']}, load {r['ratio_load']}")
+    print(f"({doc['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
