@@ -39,6 +39,7 @@ _BUILTIN_TIERS = {
     # The issue and AWS users say "s3"; the seed's tier list says "obj".
     "s3": "kvtier.tiers.obj:ObjTier",
     "p2p": "kvtier.tiers.p2p:P2PTier",
+    "mooncake": "kvtier.tiers.mooncake:MooncakeTier",
 }
 _BUILTIN_POLICIES = {
     "lru": "kvtier.policies.lru:LRUPolicy",

@@ -1,0 +1,429 @@
+"""The ``mooncake`` tier: KV blocks in a Mooncake Store, shared with every instance (and engine) on it.
+
+Mooncake Store (kvcache-ai/Mooncake) is the distributed KV-cache object store vLLM, SGLang HiCache and
+LMCache support: a ``mooncake_master`` allocates, *segment holders* (``mooncake_client`` processes, or
+engines that lend memory) keep the bytes, and clients move them with the transfer engine over TCP or
+RDMA. Config (docs/mooncake.md has a copyable one)::
+
+    {"type": "mooncake", "master_server_addr": "10.0.0.5:50051",
+     "metadata_server": "http://10.0.0.5:8080/metadata", "local_hostname": "10.0.0.7"}
+
+* **Zero copy.** The primary buffer and a small *header arena* (one row per primary slot) are
+  registered with the store once (``register_buffer``). A stored object is two pieces, written and
+  read in one batched call per chunk (``batch_put_from_multi_buffers`` /
+  ``batch_get_into_multi_buffers``): the :mod:`kvtier.codec` header from the slot's arena row, then the
+  payload straight from/into the primary slot. So values keep the checksummed block format without a
+  copy: a load that comes back with a wrong length, another key's header or a bad checksum is a miss,
+  counted in ``corrupt``, never served.
+* **Keys** are ``<key_prefix>/<namespace>/<hex of the block key>``: the namespace (model, layout and
+  the tenant's ``cache_salt``) keeps tenants apart on any master. ``tenant_id`` is also passed to the
+  store; a master started with ``-enable_multi_tenants`` then isolates and meters tenants itself (a
+  plain master ignores it, and the key prefix still separates them).
+* **Return codes** (the store reports failures as codes, not exceptions) are sorted by
+  :mod:`kvtier.tiers.mooncake_codes`: a missing key is a miss; "insufficient space" (or a tenant
+  quota) drops the store, counts it in ``dropped_stores`` and pauses stores for ``full_backoff`` s; a
+  failed transfer counts against the circuit breaker.
+* **A dead holder** is found from job outcomes: the master keeps saying the key exists for
+  ``client_ttl`` (~10 s), but every transfer to the holder fails, so after ``breaker_failures``
+  failed operations the breaker opens and lookups answer MISS; the breaker's trial is a real write
+  (:meth:`MooncakeTier._probe`), never ``health_check`` (which only asks the master). Transfers are
+  bounded: unless already set, ``MC_TCP_PROGRESS_TIMEOUT_SEC`` and ``MC_TCP_STATUS_TIMEOUT_SEC`` are
+  set to ``op_timeout`` (rounded up) before the client starts, so a stalled holder costs seconds,
+  not the transport's default 30 s; ``MC_STORE_CLIENT_SETUP_RETRIES`` defaults to 1, so a master that
+  is down costs one set-up attempt (~5 s, on a worker) per breaker trial, not ~90 s.
+* **Replace semantics.** ``put`` keeps an existing value, so a value found corrupt is removed; when
+  its lease still blocks the removal (``OBJECT_HAS_LEASE``), the next store of that key uses
+  ``upsert`` instead.
+
+One store client serves all of the tier's workers (its calls are thread-safe and setting one up
+costs a segment and seconds to close), so the per-thread client of
+:class:`~kvtier.tiers.remote.RemoteTier` is the same object on every thread and is closed only at
+shutdown. Common options (threads, deadlines, breaker, back-pressure) are RemoteTier's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kvtier import codec
+from kvtier.errors import ConfigError, MisuseError, TierUnavailableError
+from kvtier.keys import BlockKey
+from kvtier.tiers import mooncake_codes as mc
+from kvtier.tiers.async_tier import ChunkOutcome
+from kvtier.tiers.base import TierContext
+from kvtier.tiers.remote import RemoteTier
+from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError
+from kvtier.transfer.workers import Priority
+
+__all__ = ["HEADER_ROW", "MooncakeTier"]
+
+Item = tuple[BlockKey, int]
+#: Bytes of one header-arena row: block keys up to ``HEADER_ROW - 40`` bytes fit.
+HEADER_ROW = 1024
+_PROBE_BYTES = 64
+_DEADLINE_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+_PROTOCOLS = ("tcp", "rdma")
+
+
+def _size(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, f"expected an integer number of bytes >= {minimum}, got {value!r}")
+    return value
+
+
+def _text(name: str, value: Any, example: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(name, f'expected a string such as "{example}", got {value!r}')
+    return value
+
+
+class MooncakeTier(RemoteTier):
+    """KV blocks in a Mooncake Store (see the module doc).
+
+    Args:
+        master_server_addr: ``host:port`` of ``mooncake_master``'s RPC service.
+        metadata_server: the transfer engine's metadata service (the master's
+            ``http://host:port/metadata`` when it runs ``-enable_http_metadata_server``, or an etcd URL).
+        local_hostname: the address this process advertises to the store (this node's address on a
+            real cluster; ``127.0.0.1`` for a single machine).
+        protocol: ``"tcp"`` or ``"rdma"`` (passed through; RDMA needs the CUDA/RDMA wheel and devices).
+        rdma_devices: RDMA device names for ``protocol: rdma`` (comma separated).
+        local_buffer_size: bytes of the client's staging buffer (zero-copy transfers barely use it).
+        global_segment_size: bytes this process lends to the store (0: a pure client; the data lives
+            in the holders).
+        replica_num: replicas per object.
+        key_prefix: first part of every key (deployments sharing one store keep apart by it).
+        tenant_id: the store's own tenant (see the module doc).
+        **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
+    """
+
+    error_map: ClassVar[ErrorMap] = mc.MOONCAKE_ERRORS
+
+    def __init__(
+        self,
+        *,
+        primary_kv_view: memoryview,
+        context: TierContext,
+        master_server_addr: str | None = None,
+        metadata_server: str | None = None,
+        local_hostname: str = "127.0.0.1",
+        protocol: str = "tcp",
+        rdma_devices: str = "",
+        local_buffer_size: int = 16 << 20,
+        global_segment_size: int = 0,
+        replica_num: int = 1,
+        key_prefix: str = "kvtier",
+        tenant_id: str = "default",
+        threads: int = 2,
+        batch_blocks: int = 16,
+        op_timeout: float = 2.0,
+        breaker_failures: int = 3,
+        breaker_reset: float = 1.0,
+        negative_ttl: float = 2.0,
+        unknown_keys: str = "check",
+        full_backoff: float = 1.0,
+        backpressure: Mapping[str, Any] | None = None,
+        index_capacity: int = 1 << 20,
+        log_interval: float = 10.0,
+    ) -> None:
+        super().__init__(
+            primary_kv_view=primary_kv_view,
+            context=context,
+            threads=threads,
+            batch_blocks=batch_blocks,
+            op_timeout=op_timeout,
+            breaker_failures=breaker_failures,
+            breaker_reset=breaker_reset,
+            negative_ttl=negative_ttl,
+            unknown_keys=unknown_keys,
+            full_backoff=full_backoff,
+            backpressure=backpressure,
+            index_capacity=index_capacity,
+            log_interval=log_interval,
+        )
+        self.master_server_addr = _text("master_server_addr", master_server_addr, "10.0.0.5:50051")
+        self.metadata_server = _text("metadata_server", metadata_server, "http://10.0.0.5:8080/metadata")
+        self.local_hostname = _text("local_hostname", local_hostname, "10.0.0.7")
+        if protocol not in _PROTOCOLS:
+            raise ConfigError("protocol", f"expected one of {', '.join(_PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
+        if not isinstance(rdma_devices, str):
+            raise ConfigError("rdma_devices", f"expected a string of device names, got {rdma_devices!r}")
+        self.rdma_devices = rdma_devices
+        self.local_buffer_size = _size("local_buffer_size", local_buffer_size, minimum=1 << 20)
+        self.global_segment_size = _size("global_segment_size", global_segment_size, minimum=0)
+        self.replica_num = _size("replica_num", replica_num, minimum=1)
+        self.key_prefix = _text("key_prefix", key_prefix, "kvtier")
+        self.tenant_id = _text("tenant_id", tenant_id, "default")
+        if importlib.util.find_spec("mooncake") is None:
+            raise ConfigError(
+                "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
+            )
+        if not self.rows.flags.c_contiguous:
+            raise MisuseError(f"tier {self.name!r}: the primary buffer must be C-contiguous to register it")
+        self._prefix = f"{self.key_prefix}/{context.namespace}/"
+        self._row_stride = int(self.rows.strides[0])
+        # One header row per primary slot (a slot is in at most one job of this tier at a time, so
+        # its row is never shared between jobs), plus one row for the breaker's probe.
+        self._arena = np.zeros((self.rows.shape[0] + 1, HEADER_ROW), dtype=np.uint8)
+        self._probe_name = f"{self._prefix}probe/{uuid.uuid4().hex}"
+        self._store: Any = None
+        self._setup_lock = threading.Lock()
+        self._config: Any = None
+        self._rewrite: set[BlockKey] = set()  # keys whose bad value a lease kept: next store upserts
+
+    # -- naming and buffers ----------------------------------------------------------------------------
+    def _name(self, key: BlockKey) -> str:
+        return self._prefix + bytes(key).hex()
+
+    def _slot_ptr(self, slot: int) -> int:
+        return int(self.rows.ctypes.data) + slot * self._row_stride
+
+    def _head_ptr(self, slot: int) -> int:
+        return int(self._arena.ctypes.data) + slot * HEADER_ROW
+
+    def _header_len(self, key: BlockKey) -> int | None:
+        hlen = codec.header_size(len(key))
+        return hlen if hlen <= HEADER_ROW else None
+
+    # -- RemoteTier hooks --------------------------------------------------------------------------------
+    def _connect(self) -> Any:
+        with self._setup_lock:
+            if self._store is None:
+                self._store = self._open()
+            return self._store
+
+    def _close_client(self, client: Any) -> None:
+        """The store client is shared by every worker and survives a holder's death: kept until
+        shutdown (it reconnects to a returning holder on its own)."""
+
+    def _close_resources(self) -> None:
+        super()._close_resources()
+        store, self._store = self._store, None
+        if store is not None:
+            for ptr in (int(self.rows.ctypes.data), int(self._arena.ctypes.data)):
+                store.unregister_buffer(ptr)
+            store.close()
+
+    def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        names: list[str] = []
+        ptrs: list[list[int]] = []
+        sizes: list[list[int]] = []
+        keys: list[BlockKey] = []
+        done: list[BlockKey] = []
+        error: str | None = None
+        bb = self.block_bytes
+        for key, slot in items:
+            hlen = self._write_header(key, slot)
+            if hlen is None:
+                error = error or f"block key of {len(key)} bytes is too long (at most {HEADER_ROW - 40})"
+                continue
+            if key in self._rewrite:
+                if self._upsert(client, key, slot, hlen):
+                    done.append(key)
+                continue
+            names.append(self._name(key))
+            ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
+            sizes.append([hlen, bb])
+            keys.append(key)
+        codes = client.batch_put_from_multi_buffers(names, ptrs, sizes, self._replicate()) if names else []
+        full = 0
+        unavailable: int | None = None
+        for key, code in zip(keys, codes, strict=True):
+            kind = mc.EXISTS if code == 0 else mc.kind_of(code)
+            if kind == mc.EXISTS:
+                done.append(key)
+            elif kind == mc.FULL:
+                full += 1
+                error = error or f"mooncake: {mc.name_of(code)}: store dropped"
+            elif kind == mc.UNAVAILABLE:
+                unavailable = code
+            else:
+                error = error or f"mooncake: put answered {mc.name_of(code)}"
+        if unavailable is not None:
+            raise mc.code_error(unavailable, "batch_put_from_multi_buffers")
+        if full:
+            with self._lock:
+                self.stats.dropped_stores += full
+            self._on_error(route, RemoteFullError(f"mooncake: no space for {full} block(s)"))
+        return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
+
+    def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        names: list[str] = []
+        ptrs: list[list[int]] = []
+        sizes: list[list[int]] = []
+        want: list[tuple[BlockKey, int, int]] = []
+        bb = self.block_bytes
+        for key, slot in items:
+            hlen = self._header_len(key)
+            if hlen is None:
+                continue  # never stored (too long): a miss
+            names.append(self._name(key))
+            ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
+            sizes.append([hlen, bb])
+            want.append((key, slot, hlen))
+        codes = client.batch_get_into_multi_buffers(names, ptrs, sizes) if names else []
+        done: list[BlockKey] = []
+        failed: list[tuple[BlockKey, int, str, int]] = []
+        for (key, slot, hlen), name, code in zip(want, names, codes, strict=True):
+            if code == hlen + bb:
+                if self._verify(key, slot, hlen):
+                    done.append(key)
+            elif code >= 0 or code == mc.INVALID_PARAMS:
+                self._reject(key, slot, "length", f"object of {code} bytes, expected {hlen + bb}")
+            elif mc.kind_of(code) == mc.MISSING:
+                self._vanished(key)
+            else:
+                failed.append((key, slot, name, code))
+        if failed:
+            self._triage(client, failed, hlen_of={k: h for k, _, h in want})
+        return ChunkOutcome(done=done, nbytes=len(done) * bb)
+
+    def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
+        answers = client.batch_is_exist([self._name(k) for k in keys])
+        for code in answers:
+            if code < 0:
+                raise mc.code_error(int(code), "batch_is_exist")
+        return [code == 1 for code in answers]
+
+    def _probe(self, client: Any, route: str) -> None:
+        """A real write to a holder (``upsert`` of a tiny object): the master alone answering is not
+        enough, since it keeps a dead holder's objects listed for ``client_ttl``."""
+        row = self.rows.shape[0]
+        codes = client.batch_upsert_from([self._probe_name], [self._head_ptr(row)], [_PROBE_BYTES])
+        if codes[0] != 0:
+            raise mc.MooncakeUnavailableError(f"mooncake: probe write answered {mc.name_of(codes[0])}")
+
+    def _drop_corrupt(self, key: BlockKey) -> None:
+        def drop() -> None:
+            result = self._call("", lambda c: c.remove(self._name(key)))
+            if result == mc.OBJECT_HAS_LEASE:
+                with self._lock:
+                    self._rewrite.add(key)  # a put would keep the bad value: upsert next time
+
+        self.run_on_worker(Priority.MAINTENANCE, drop)
+
+    def config_info(self) -> dict[str, Any]:
+        info = super().config_info()
+        info.update(
+            master_server_addr=self.master_server_addr,
+            metadata_server=self.metadata_server,
+            protocol=self.protocol,
+            key_prefix=self._prefix,
+            tenant_id=self.tenant_id,
+            replica_num=self.replica_num,
+            global_segment_size=self.global_segment_size,
+        )
+        return info
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _open(self) -> Any:
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig  # type: ignore[import-untyped]
+
+        # Bound a stalled holder's transfers by op_timeout (the transport's default is 30 s);
+        # read when the client starts, so set before setup. An operator's own setting wins.
+        for var in _DEADLINE_ENV:
+            os.environ.setdefault(var, str(max(1, math.ceil(self.op_timeout))))
+        # A master that is down costs one attempt (~5 s on a worker) instead of the client's ~90 s
+        # of retries; the breaker's trial retries the set-up later.
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+        store = MooncakeDistributedStore()
+        code = store.setup(
+            self.local_hostname,
+            self.metadata_server,
+            self.global_segment_size,
+            self.local_buffer_size,
+            self.protocol,
+            self.rdma_devices,
+            self.master_server_addr,
+            None,
+            False,
+            "",
+            self.tenant_id,
+        )
+        if code != 0:
+            raise TierUnavailableError(
+                f"mooncake: setup with master {self.master_server_addr} answered {mc.name_of(code)}"
+            )
+        for what, arr in (("primary buffer", self.rows), ("header arena", self._arena)):
+            code = store.register_buffer(int(arr.ctypes.data), int(arr.nbytes))
+            if code != 0:
+                store.close()
+                raise TierUnavailableError(f"mooncake: register_buffer({what}) answered {mc.name_of(code)}")
+        config = ReplicateConfig()
+        config.replica_num = self.replica_num
+        self._config = config
+        return store
+
+    def _replicate(self) -> Any:
+        return self._config
+
+    def _write_header(self, key: BlockKey, slot: int) -> int | None:
+        hlen = self._header_len(key)
+        if hlen is None:
+            return None
+        payload = self.slot_array(slot).data
+        raw = bytes(key)
+        head = codec.encode_header(
+            raw, payload.nbytes, codec.payload_checksum(raw, self.ns_tag, payload), self.ns_tag
+        )
+        self._arena[slot, :hlen] = np.frombuffer(head, dtype=np.uint8)
+        return hlen
+
+    def _upsert(self, client: Any, key: BlockKey, slot: int, hlen: int) -> bool:
+        """Replace a value a lease kept in place (rare: copies through the client's buffer)."""
+        head = self._arena[slot, :hlen].tobytes()
+        code = client.upsert_parts(self._name(key), head, self.slot_array(slot).data, config=self._config)
+        if code == 0:
+            with self._lock:
+                self._rewrite.discard(key)
+            return True
+        return False
+
+    def _verify(self, key: BlockKey, slot: int, hlen: int) -> bool:
+        try:
+            head = codec.parse_header(
+                self._arena[slot, :hlen].data,
+                expected_key=bytes(key),
+                ns_tag=self.ns_tag,
+                payload_len=self.block_bytes,
+            )
+            codec.verify_payload(head, self.slot_array(slot).data)
+        except codec.CorruptBlockError as exc:
+            self._reject(key, slot, exc.reason, str(exc))
+            return False
+        return True
+
+    def _reject(self, key: BlockKey, slot: int, reason: str, why: str) -> None:
+        """A value that failed verification: counted, forgotten, dropped, and the slot zeroed (the
+        transfer may have written part of it: never leave another key's bytes behind)."""
+        self.slot_array(slot)[:] = 0
+        self._corrupt(key, codec.CorruptBlockError(reason, why))
+
+    def _triage(
+        self, client: Any, failed: list[tuple[BlockKey, int, str, int]], hlen_of: dict[BlockKey, int]
+    ) -> None:
+        """Failed reads: an object of the wrong size also fails its transfer, so ask the master for
+        the size first. Wrong size: corrupt (a miss). Right size: the holder is unreachable (raise,
+        so the breaker counts it)."""
+        code = failed[0][3]
+        unreachable = False
+        for key, slot, name, _ in failed:
+            size = int(client.get_size(name))
+            if size < 0 and mc.kind_of(size) == mc.MISSING:
+                self._vanished(key)
+            elif size >= 0 and size != hlen_of[key] + self.block_bytes:
+                expected = hlen_of[key] + self.block_bytes
+                self._reject(key, slot, "length", f"object of {size} bytes, expected {expected}")
+            else:
+                unreachable = True
+        if unreachable:
+            raise mc.code_error(code, "batch_get_into_multi_buffers")

@@ -1,0 +1,36 @@
+"""MooncakeTier passes the shared tier conformance suite against a real Mooncake Store: a
+``mooncake_master`` and a separate ``mooncake_client`` holder on loopback (see mooncake_servers)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from mooncake_servers import MooncakeStore, mooncake_store
+from needs import need_module
+
+from kvtier.testing import AsyncTierContractTests, PrimaryBuffer
+
+need_module("mooncake.store", "mooncake")
+
+from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
+
+__all__ = ["mooncake_store"]  # the module's store fixture
+
+
+def prefix(workdir: Path) -> str:
+    """One key prefix per test (same workdir = same prefix: shared/persistent tests rebuild the
+    tier over the same data)."""
+    return "t" + hashlib.sha1(str(workdir).encode()).hexdigest()[:12]
+
+
+class TestMooncakeContract(AsyncTierContractTests):
+    @pytest.fixture(autouse=True)
+    def _store(self, mooncake_store: MooncakeStore) -> None:
+        self.mc = mooncake_store
+
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> MooncakeTier:
+        cfg = self.mc.tier_config(key_prefix=prefix(workdir))
+        del cfg["type"]
+        return MooncakeTier(primary_kv_view=primary.view, context=primary.context("mooncake"), **cfg)  # type: ignore[arg-type]

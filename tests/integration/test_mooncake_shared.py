@@ -1,0 +1,182 @@
+"""The mooncake tier behind the real engine and shared between real processes: byte-exact round
+trips, two engine processes hitting each other's blocks through one store, tenants (cache_salt)
+never sharing, damaged values never served (and replaced despite the store's lease), and a full
+store dropping stores instead of failing the engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mooncake_servers import MooncakeStore, loopback_env, mooncake_store, raw_client
+from needs import need_module
+
+from kvtier.engine import Engine
+from kvtier.jobs import TransferJob
+from kvtier.keys import BlockKey, LookupResult
+from kvtier.testing import PrimaryBuffer, wait_for_jobs
+
+need_module("mooncake.store", "mooncake")
+
+from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
+
+__all__ = ["mooncake_store"]  # the module's store fixture
+
+BLOCK = 256 * 1024
+PROC = Path(__file__).with_name("remote_engine_proc.py")
+
+
+def config(store: MooncakeStore, prefix: str, **top: Any) -> dict[str, Any]:
+    return {
+        "block_bytes": BLOCK,
+        "cpu_bytes_to_use": 16 * BLOCK,
+        "model": "mooncake-shared-test",
+        "secondary_tiers": [store.tier_config(key_prefix=prefix)],
+        **top,
+    }
+
+
+def engine_proc(cfg: dict[str, Any], mode: str, n: int, seed: int, timeout: float = 10.0) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, str(PROC), json.dumps(cfg), mode, str(n), str(seed), str(timeout)],
+        capture_output=True, text=True, timeout=120, check=True, env=loopback_env(),
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_two_engine_processes_share_blocks_and_tenants_never_do(mooncake_store: MooncakeStore) -> None:
+    cfg = config(mooncake_store, "share")
+    assert engine_proc(cfg, "store", 12, seed=7) == {"stored": 12, "tier_stores": 12}
+    assert engine_proc(cfg, "load", 12, seed=7) == {"hits": 12, "exact": 12}
+    other_tenant = config(mooncake_store, "share", cache_salt="tenant-b")
+    assert engine_proc(other_tenant, "load", 12, seed=7, timeout=1.5)["hits"] == 0
+
+
+def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore) -> None:
+    keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
+    data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
+    out = np.zeros_like(data)
+    with Engine(config(mooncake_store, "engine-rt")) as eng:
+        assert isinstance(eng.tiers[0], MooncakeTier)
+        assert eng.store_blocks(keys, data) == 8
+        eng.drain()
+        eng.reset()
+        deadline = time.monotonic() + 10
+        while eng.lookup(keys).num_hits < 8:
+            assert time.monotonic() < deadline
+            eng.poll()
+            time.sleep(0.005)
+        assert eng.load_blocks(keys, out) == 8
+        assert np.array_equal(out, data)
+
+
+def _tier(primary: PrimaryBuffer, store: MooncakeStore, prefix: str, **kw: Any) -> MooncakeTier:
+    cfg = store.tier_config(key_prefix=prefix, **kw)
+    del cfg["type"]
+    return MooncakeTier(primary_kv_view=primary.view, context=primary.context("mooncake"), **cfg)  # type: ignore[arg-type]
+
+
+def _store(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) -> bool:
+    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32))
+    tier.submit_store(job)
+    return wait_for_jobs(tier, [jid], timeout=10)[jid].success
+
+
+def _load(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) -> set[BlockKey]:
+    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32), is_promotion=True)
+    tier.submit_load(job)
+    return set(wait_for_jobs(tier, [jid], timeout=10)[jid].transferred(keys))
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncate", "flip_payload", "flip_header", "other_key", "empty", "extend"]
+)
+def test_damaged_values_are_never_served_and_are_replaced(mooncake_store: MooncakeStore, damage: str) -> None:
+    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    written = primary.fill_random([0, 1], seed=5)
+    a, b = BlockKey(b"victim"), BlockKey(b"donor")
+    prefix = f"corrupt-{damage}"
+    tier = _tier(primary, mooncake_store, prefix)
+    raw = raw_client(mooncake_store)
+    try:
+        assert _store(tier, [a, b], [0, 1], 1)
+        name = f"{prefix}/kvtier-test/{a.hex()}"
+        value = raw.get(name)
+        assert value.endswith(written[0])
+        if damage == "truncate":
+            value = value[:-100]
+        elif damage == "flip_payload":
+            value = value[:-1] + bytes([value[-1] ^ 1])
+        elif damage == "flip_header":
+            value = value[:10] + bytes([value[10] ^ 0xFF]) + value[11:]
+        elif damage == "other_key":
+            value = raw.get(f"{prefix}/kvtier-test/{b.hex()}")
+        elif damage == "empty":
+            value = b"\0"
+        else:
+            value = value + b"\0"
+        assert raw.upsert(name, value) == 0
+        primary.rows[2] = 0xAB
+        assert _load(tier, [a, b], [2, 3], 2) == {b}
+        assert not primary.block(2).any(), "a bad value must not stay in the slot"
+        assert primary.block(3).tobytes() == written[1]
+        assert tier.get_stats()["corrupt"] == 1
+        assert tier.lookup(a) is LookupResult.MISS  # forgotten, not served again
+        # The damaged value is leased (just read), so its removal is refused: the next store of the
+        # key replaces it (upsert) instead of keeping it as a plain put would.
+        tier.drain()
+        assert a in tier._rewrite
+        assert _store(tier, [a], [0], 3)
+        replaced = raw.get(name)
+        assert replaced.endswith(written[0]) and len(replaced) == 40 + len(a) + 5000
+        primary.rows[2] = 0
+        assert _load(tier, [a], [2], 4) == {a}
+        assert primary.block(2).tobytes() == written[0]
+    finally:
+        raw.close()
+        tier.shutdown()
+
+
+def test_a_key_the_store_lost_is_a_miss_not_an_error(mooncake_store: MooncakeStore) -> None:
+    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    primary.fill_random([0], seed=6)
+    tier = _tier(primary, mooncake_store, "evicted")
+    raw = raw_client(mooncake_store)
+    try:
+        k = BlockKey(b"gone")
+        assert _store(tier, [k], [0], 1) and tier.lookup(k) is LookupResult.HIT
+        assert raw.remove(f"evicted/kvtier-test/{k.hex()}", True) == 0
+        assert _load(tier, [k], [1], 2) == set()
+        assert tier.lookup(k) is LookupResult.MISS and tier.get_stats()["failed_jobs"] == 1
+        assert tier.get_stats()["breaker_open"] == 0
+    finally:
+        raw.close()
+        tier.shutdown()
+
+
+def test_a_full_store_drops_stores_and_pauses_them(tmp_path: Path) -> None:
+    small = MooncakeStore(tmp_path / "small", segment="16MB")
+    primary = PrimaryBuffer.heap(24, 1 << 20, 1 << 20)
+    primary.fill_random(range(24), seed=9)
+    tier = _tier(primary, small, "full", full_backoff=30.0)
+    try:
+        keys = [BlockKey(f"f{i}".encode()) for i in range(24)]
+        result_ok = _store(tier, keys, list(range(24)), 1)
+        stats = tier.get_stats()
+        assert not result_ok and stats["dropped_stores"] > 0, stats
+        assert tier.store_gate.paused  # "insufficient space" pauses stores
+        # While paused, a store is dropped at once (counted), never queued.
+        before = tier.get_stats()["dropped_stores"]
+        assert not _store(tier, [BlockKey(b"later")], [0], 2)
+        assert tier.get_stats()["dropped_stores"] == before + 1
+        assert tier.get_stats()["breaker_open"] == 0  # full is not down
+    finally:
+        tier.shutdown()
+        small.stop()
