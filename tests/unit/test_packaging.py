@@ -25,7 +25,7 @@ EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
 IMPORT_NAME = {
     "rich": "rich", "pyyaml": "yaml", "matplotlib": "matplotlib", "prometheus_client": "prometheus_client",
     "redis": "redis", "boto3": "boto3", "torch": "torch", "transformers": "transformers",
-    "msgspec": "msgspec", "packaging": "packaging",
+    "msgspec": "msgspec", "packaging": "packaging", "mooncake_transfer_engine_non_cuda": "mooncake",
 }  # fmt: skip
 #: Extras whose code other engineers are adding now (remove an entry once its code is merged).
 PENDING: set[str] = set()  # extras whose code is still on its way (none now)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError, MisuseError
@@ -197,6 +197,8 @@ def _expected(keys: list[BlockKey], per: int, bad: set[BlockKey], boom: set[Bloc
 
 
 @settings(max_examples=40, deadline=None)
+@example([[0, 1, 3, 10, 11, 2]], set(), {2}, 2, 2)
+@example([[0, 1]], set(), {0}, 2, 2)
 @given(
     jobs_strategy,
     st.sets(st.integers(0, 15), max_size=4),

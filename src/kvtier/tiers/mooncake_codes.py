@@ -94,35 +94,41 @@ def name_of(code: int) -> str:
     return _NAMES.get(code, f"code {code}")
 
 
-class MooncakeCodeError(TierError):
-    """A Mooncake call answered a failure code (``code``); subclasses say what kind."""
+class MooncakeUnavailableError(TierUnavailableError):
+    """A Mooncake call answered a code meaning the store or the key is not reachable (``code``)."""
 
     code: int = 0
 
 
-class MooncakeUnavailableError(MooncakeCodeError, TierUnavailableError):
-    """See :func:`kind_of`."""
+class MooncakeFullError(RemoteFullError):
+    """A Mooncake call answered "no space" or a quota code (``code``)."""
+
+    code: int = 0
 
 
-class MooncakeFullError(MooncakeCodeError, RemoteFullError):
-    """See :func:`kind_of`."""
+class MooncakeRejectedError(RemoteRejectedError):
+    """A Mooncake call answered any other failure code (``code``)."""
+
+    code: int = 0
 
 
-class MooncakeRejectedError(MooncakeCodeError, RemoteRejectedError):
-    """See :func:`kind_of`."""
+#: Every error :func:`code_error` makes; each carries the store's return ``code``. One class per
+#: kind, each under the kvtier error its kind maps to (single inheritance: the tier's breaker and
+#: drop logic catch the kvtier classes).
+MooncakeCodeError = MooncakeUnavailableError | MooncakeFullError | MooncakeRejectedError
 
 
 def code_error(code: int, what: str) -> MooncakeCodeError:
     """A kvtier error for ``code`` returned by ``what`` (a short description of the call)."""
     kind = kind_of(code)
-    cls: type[MooncakeCodeError] = (
-        MooncakeUnavailableError
-        if kind in (UNAVAILABLE, MISSING)
-        else MooncakeFullError
-        if kind == FULL
-        else MooncakeRejectedError
-    )
-    err = cls(f"mooncake: {what} answered {name_of(code)} ({code})")
+    message = f"mooncake: {what} answered {name_of(code)} ({code})"
+    err: MooncakeCodeError
+    if kind in (UNAVAILABLE, MISSING):
+        err = MooncakeUnavailableError(message)
+    elif kind == FULL:
+        err = MooncakeFullError(message)
+    else:
+        err = MooncakeRejectedError(message)
     err.code = code
     return err
 
