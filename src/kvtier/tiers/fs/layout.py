@@ -87,6 +87,22 @@ class Layout:
         name = key.hex() if len(key) <= MAX_HEX_KEY else "x" + xxhash.xxh3_128_hexdigest(key)
         return f"{self.ns_dir}/{s >> 4:02x}/{s & 0xF:x}/{name}"
 
+    def is_block_path(self, path: str) -> bool:
+        """Whether ``path`` has the exact shape of a block path of this namespace
+        (``<ns_dir>/<2 hex>/<1 hex>/<name>``); a string check, nothing is resolved."""
+        prefix = self.ns_dir + "/"
+        if not path.startswith(prefix):
+            return False
+        parts = path[len(prefix) :].split("/")
+        if len(parts) != 3:
+            return False
+        top, mid, name = parts
+        if len(top) != 2 or not _is_hex(top) or len(mid) != 1 or not _is_hex(mid):
+            return False
+        if name.startswith("x"):
+            return len(name) == 33 and _is_hex(name[1:])
+        return 0 < len(name) <= 2 * MAX_HEX_KEY and len(name) % 2 == 0 and _is_hex(name)
+
     def file_size(self, key_len: int) -> int:
         """Size of a complete block file for a key of ``key_len`` bytes."""
         return block_file_size(key_len, self.block_bytes)

@@ -138,7 +138,9 @@ class FsTier(AsyncTier):
         self.record_access = bool(record_access)
         self.refresh_interval = float(refresh_interval)
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.accounting = SharedAccounting(self.layout.ns_dir, token, fsync=self.fsync)
+        self.accounting = SharedAccounting(
+            self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path
+        )
         probed = direct_io != "never" and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
