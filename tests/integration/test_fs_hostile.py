@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import threading
 import time
 from pathlib import Path
 
@@ -72,3 +74,66 @@ def test_forged_accounting_tokens_and_intents_never_touch_files_outside_the_root
     assert set(usage.procs) <= {tier.accounting.token}
     assert usage.published == 0  # the forged 2^40-byte "del" intent was not applied
     assert tier.accounting.forged >= 3
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, files in os.walk(d):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p) and os.path.isfile(p):
+                out[p] = Path(p).read_bytes()
+    return out
+
+
+def _within(seconds: float, fn: object) -> object:
+    """Run ``fn`` in a thread; fail if it has not returned after ``seconds`` (a hang)."""
+    box: list[object] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)  # type: ignore[operator]
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn} still blocked after {seconds}s"
+    return box[0] if box else None
+
+
+def test_fifo_symlink_hardlink_and_symlinked_shard_are_misses_and_nothing_outside_changes(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"precious")
+    root = tmp_path / "root"
+    primary = h.aligned_primary(8, BLOCK)
+    tier = h.make_tier(primary, root, max_bytes=6 * (4096 + BLOCK))
+    layout = tier.layout
+    keys = [h.key_of(f"k{i}") for i in range(4)]
+    assert h.store(tier, primary, keys).success
+    fifo_k, link_k, hard_k, dir_k = keys
+    os.unlink(layout.path_of(fifo_k))
+    os.mkfifo(layout.path_of(fifo_k))
+    os.unlink(layout.path_of(link_k))
+    os.symlink(outside / "victim", layout.path_of(link_k))
+    os.unlink(layout.path_of(hard_k))
+    os.link(outside / "victim", layout.path_of(hard_k))
+    # The top-level shard of dir_k becomes a link to a directory outside the root.
+    top = os.path.dirname(layout.dir_of(dir_k))
+    os.rename(top, outside / "moved")
+    os.symlink(outside / "moved", top)
+    before = _snapshot(outside)
+
+    res = _within(10, lambda: h.load(tier, primary, [fifo_k, link_k, hard_k], timeout=10))
+    assert res is not None and res.transferred([fifo_k, link_k, hard_k]) == []  # type: ignore[attr-defined]
+    assert tier.stats.corrupt >= 3
+    # New blocks of that shard, and enough stores to evict dir_k: nothing lands or goes outside.
+    want_top = layout.shard_of(dir_k) >> 4
+    same = [k for k in (h.key_of(f"n{i}") for i in range(5000)) if layout.shard_of(k) >> 4 == want_top][:3]
+    assert len(same) == 3
+    assert not h.store(tier, primary, same).transferred(same)  # refused: never stored through the link
+    for i in range(3):
+        h.store(tier, primary, [h.key_of(f"fill{i}-{j}") for j in range(8)])
+    _within(20, tier.shutdown)
+    assert _snapshot(outside) == before
+    assert (outside / "victim").read_bytes() == b"precious"
+    # Not provably the tier's files: left in place.
+    assert os.path.islink(layout.path_of(link_k))
+    assert stat.S_ISFIFO(os.lstat(layout.path_of(fifo_k)).st_mode)

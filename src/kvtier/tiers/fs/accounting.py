@@ -31,11 +31,13 @@ import re
 import stat
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
+
+from kvtier.tiers.fs.safe import ForeignFileError, SafeTree, open_dir
 
 log = logging.getLogger("kvtier.tiers.fs")
 
@@ -149,6 +151,7 @@ class SharedAccounting:
         *,
         fsync: bool = False,
         is_block_path: Callable[[str], bool] | None = None,
+        owners: Collection[int] | None = (os.geteuid(),),
     ) -> None:
         self.ns_dir = ns_dir
         self.token = token
@@ -160,8 +163,10 @@ class SharedAccounting:
                 os.mkdir(d, 0o700)
         # Held for our whole life and used as dir_fd: a tmp/ or procs/ later replaced by a symlink
         # is never followed (O_NOFOLLOW refuses one now).
-        self._tmp_fd = _open_dir(self.tmp_dir)
-        self._procs_fd = _open_dir(self.procs_dir)
+        self.tmp_fd = open_dir(self.tmp_dir)
+        #: Confined access to the block files (links, FIFOs, other owners' files refused).
+        self.tree = SafeTree(ns_dir, owners=owners)
+        self._procs_fd = open_dir(self.procs_dir)
         #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
         self.forged = 0
         #: Whether a string is a block path of this namespace (checks ``del`` intents read back).
@@ -379,9 +384,9 @@ class SharedAccounting:
                     # Never looked up: a forged intent cannot probe or change anything.
                     self._note_forged(1, f"an intent naming {name!r}")
                     continue
-                if kind == "pub" and os.path.lexists(name):
+                if kind == "pub" and self._temp_exists(name):
                     st.published -= delta  # the rename never happened
-                elif kind == "del" and os.path.lexists(name):
+                elif kind == "del" and self.tree.lexists(name):
                     st.published += delta  # the unlink never happened
             self._remove_temp_files(token)
             with contextlib.suppress(FileNotFoundError):
@@ -417,27 +422,34 @@ class SharedAccounting:
             return self.is_block_path is not None and self.is_block_path(name)
         return False
 
+    def _temp_exists(self, tmp: str) -> bool:
+        try:
+            os.stat(tmp.rpartition("/")[2], dir_fd=self.tmp_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
     def _remove_temp_files(self, token: str) -> None:
         if not is_token(token):
             return
-        with contextlib.suppress(OSError), os.scandir(self._tmp_fd) as it:
+        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
             for e in it:
                 if temp_owner(e.name) == token:
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.name, dir_fd=self._tmp_fd)
+                        os.unlink(e.name, dir_fd=self.tmp_fd)
 
     def remove_stale_temp_files(self, st: AccountingState) -> int:
         """Delete temp files whose owner token is not a live registered process (inside a section).
 
         Only names of the temp-file shape are touched (an entry is unlinked, never followed)."""
         removed = 0
-        with contextlib.suppress(OSError), os.scandir(self._tmp_fd) as it:
+        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
             for e in it:
                 owner = temp_owner(e.name)
                 if owner is None or owner in st.procs:
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.name, dir_fd=self._tmp_fd)
+                    os.unlink(e.name, dir_fd=self.tmp_fd)
                     removed += 1
         return removed
 
@@ -449,11 +461,20 @@ class SharedAccounting:
     def unlink_files(self, st: AccountingState, paths: list[str]) -> list[tuple[str, int]]:
         """Unlink block files inside a section, journaled. Returns ``(path, size)`` actually removed."""
         victims: list[tuple[str, int]] = []
+        tree = self.tree
         for p in paths:
             try:
-                victims.append((p, os.stat(p, follow_symlinks=False).st_size))
+                st_ = tree.lstat(p)
+                tree.check(st_, p)
+                victims.append((p, st_.st_size))
             except FileNotFoundError:
                 continue  # already gone (another process evicted it); it was subtracted then
+            except ForeignFileError as exc:
+                # Not provably ours (a link, a FIFO, another owner's file, a shard dir that is a
+                # link): left in place, counted; it was never counted in published either.
+                log.warning("kvtier fs: left %s in place (%s)", p, exc.reason)
+            except OSError:
+                continue
         if not victims:
             return []
         st.published = max(0, st.published - sum(s for _, s in victims))
@@ -461,7 +482,7 @@ class SharedAccounting:
         removed = []
         for p, s in victims:
             try:
-                os.unlink(p)
+                tree.unlink_own(p)
                 removed.append((p, s))
             except FileNotFoundError:
                 st.published += s
@@ -477,26 +498,44 @@ class SharedAccounting:
         """
         me = self.me(st)
         plan: list[tuple[str, str, int, bool]] = []
+        foreign: set[str] = set()
         for tmp, final, size in items:
-            plan.append((tmp, final, size, not os.path.exists(final)))
+            try:
+                self.tree.check(self.tree.lstat(final), final)
+                new = False
+            except FileNotFoundError:
+                new = True
+            except OSError:  # ForeignFileError included: never renamed over, never through a link
+                foreign.add(final)
+                new = False
+            plan.append((tmp, final, size, new))
         me["reserved"] = max(0, int(me["reserved"]) - sum(s for _, _, s in items))
         st.published += sum(s for _, _, s, new in plan if new)
         self.write_intent(st, [["pub", tmp, s] for tmp, _, s, new in plan if new])
         ok: list[bool] = []
         for tmp, final, size, new in plan:
+            tmp_name = tmp.rpartition("/")[2]
             try:
                 if new:
-                    os.rename(tmp, final)
+                    self.tree.rename_in(self.tmp_fd, tmp_name, final)
                 else:
-                    os.unlink(tmp)
-                ok.append(True)
+                    os.unlink(tmp_name, dir_fd=self.tmp_fd)
+                ok.append(final not in foreign)
             except OSError as exc:
                 if new:
                     st.published -= size
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                ok.append(exc.errno == errno.ENOENT and not new)
+                self.unlink_temp(tmp)
+                ok.append(exc.errno == errno.ENOENT and not new and final not in foreign)
         return ok
+
+    def unlink_temp(self, tmp: str) -> bool:
+        """Remove our temp file ``tmp`` (by name in ``tmp/``, never through a link); whether it
+        was there."""
+        try:
+            os.unlink(tmp.rpartition("/")[2], dir_fd=self.tmp_fd)
+        except OSError:
+            return False
+        return True
 
     def release(self, nbytes: int) -> None:
         """Give back a reservation whose temp file was never published (already deleted)."""
@@ -524,12 +563,7 @@ class SharedAccounting:
                 self._remove_temp_files(self.token)
         with contextlib.suppress(OSError):
             os.unlink(self.token, dir_fd=self._procs_fd)
-        for fd in (self._proc_fd, self._fd, self._ev_fd, self._tmp_fd, self._procs_fd):
+        self.tree.close()
+        for fd in (self._proc_fd, self._fd, self._ev_fd, self.tmp_fd, self._procs_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _open_dir(path: str) -> int:
-    """An ``O_DIRECTORY | O_NOFOLLOW`` descriptor of ``path`` (raises ``OSError``: a symlink is
-    ``ELOOP``, anything but a directory ``ENOTDIR``)."""
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))

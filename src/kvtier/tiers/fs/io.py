@@ -33,17 +33,25 @@ def _aligned_header(head: bytes) -> memoryview:
 
 
 def write_block(
-    path: str, key: bytes, payload: memoryview, ns_tag: int, *, direct: bool, fsync: bool
+    path: str,
+    key: bytes,
+    payload: memoryview,
+    ns_tag: int,
+    *,
+    direct: bool,
+    fsync: bool,
+    dir_fd: int | None = None,
 ) -> None:
-    """Create ``path`` (must not exist) holding ``key``'s blob; raises ``OSError`` on failure.
+    """Create ``path`` (must not exist; relative to ``dir_fd`` when given) holding ``key``'s blob;
+    raises ``OSError`` on failure. ``O_EXCL | O_NOFOLLOW``: never writes through a planted link.
 
     ``direct`` opens with ``O_DIRECT``; the caller passes it only when the payload address and
     length are page multiples (otherwise the write is buffered: same bytes, same file).
     """
     n = payload.nbytes
     head = codec.encode_header(key, n, codec.payload_checksum(key, ns_tag, payload), ns_tag, HEADER_ALIGN)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | (_O_DIRECT if direct else 0)
-    fd = os.open(path, flags, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC | (_O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o600, dir_fd=dir_fd)
     try:
         want = len(head) + n
         done = os.pwritev(fd, [_aligned_header(head) if direct else head, payload], 0)
@@ -57,10 +65,11 @@ def write_block(
         os.close(fd)
 
 
-def read_block(path: str, key: bytes, out: memoryview, ns_tag: int, *, verify: bool) -> int:
-    """Fill ``out`` with ``key``'s payload from ``path`` and return the file size.
+def read_block(fd: int, key: bytes, out: memoryview, ns_tag: int, *, verify: bool) -> int:
+    """Fill ``out`` with ``key``'s payload from open block file ``fd`` and return the file size.
 
-    Raises ``FileNotFoundError`` (no such block), :class:`~kvtier.codec.CorruptBlockError` (the
+    ``fd`` comes from :meth:`~kvtier.tiers.fs.safe.SafeTree.open_block` (checked regular file; the
+    caller closes it). Raises :class:`~kvtier.codec.CorruptBlockError` (the
     file is not exactly this key's block of this namespace: wrong length, header, key, namespace or
     checksum; ``out`` then holds garbage) or another ``OSError`` (I/O error).
     """
@@ -68,11 +77,7 @@ def read_block(path: str, key: bytes, out: memoryview, ns_tag: int, *, verify: b
     hlen = codec.header_size(len(key), HEADER_ALIGN)
     head = bytearray(hlen)
     extra = bytearray(1)  # a byte past the end: filled only when the file is too long (no fstat)
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        got = os.preadv(fd, [head, out, extra], 0)
-    finally:
-        os.close(fd)
+    got = os.preadv(fd, [head, out, extra], 0)
     if got != hlen + n:
         what = f"{got} bytes" if got < hlen + n else "longer"
         raise codec.CorruptBlockError("length", f"file is {what}, expected {hlen + n} bytes")

@@ -154,7 +154,7 @@ class FsTier(AsyncTier):
         # A tree with every top-level shard was pre-created before (leaves appear on demand).
         self.precreate_dirs = bool(precreate_dirs) and len(present) < 256
         self.index = FsIndex(self._lock, policy, present)
-        self.shard_dirs = ShardDirs(self.layout.ns_dir)
+        self.shard_dirs = ShardDirs(self.accounting.tree)
         parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog)
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
