@@ -7,6 +7,7 @@ outside the root or about bytes handed to the engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -15,8 +16,11 @@ import time
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
+import pytest
 
+from kvtier.errors import ConfigError
 from kvtier.tiers.fs.accounting import ACCOUNTING_FILE
+from kvtier.tiers.fs.io import write_block
 
 BLOCK = 8192
 
@@ -137,3 +141,65 @@ def test_fifo_symlink_hardlink_and_symlinked_shard_are_misses_and_nothing_outsid
     # Not provably the tier's files: left in place.
     assert os.path.islink(layout.path_of(link_k))
     assert stat.S_ISFIFO(os.lstat(layout.path_of(fifo_k)).st_mode)
+
+
+def test_a_root_others_can_write_is_refused_in_one_line_unless_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    primary = h.aligned_primary(2, BLOCK)
+    for mode, where in ((0o777, "root"), (0o770, "ns")):
+        root = tmp_path / f"r{mode:o}"
+        ns = root / h.NAMESPACE
+        ns.mkdir(parents=True)
+        os.chmod(root if where == "root" else ns, mode)
+        with pytest.raises(ConfigError) as err:
+            h.make_tier(primary, root)
+        msg = str(err.value)
+        assert "\n" not in msg and "writable" in msg and "shared_root" in msg
+    monkeypatch.delenv("KVTIER_FS_SECRET", raising=False)
+    with pytest.raises(ConfigError, match="secret"):
+        h.make_tier(primary, tmp_path / "r777", shared_root=True)
+    monkeypatch.setenv("KVTIER_FS_SECRET", "s3cret-s3cret-s3cret")
+    tier = h.make_tier(primary, tmp_path / "r777", shared_root=True)
+    assert "s3cret" not in repr(tier.config_info()) + repr(vars(tier))
+    tier.shutdown()
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef-file")
+    os.chmod(secret, 0o644)
+    with pytest.raises(ConfigError, match="0600"):
+        h.make_tier(primary, tmp_path / "r777", shared_root=True, secret_file=str(secret))
+
+
+def test_planted_valid_looking_blocks_are_never_served_on_a_shared_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVTIER_FS_SECRET", "the-right-secret-0123")
+    root = tmp_path / "root"
+    primary = h.aligned_primary(4, BLOCK)
+    tier = h.make_tier(primary, root, shared_root=True)
+    layout = tier.layout
+    good, overwritten, planted = h.key_of("good"), h.key_of("over"), h.key_of("planted")
+    assert h.store(tier, primary, [good, overwritten]).success
+    tier.shutdown()
+    evil = memoryview(bytearray(b"EVIL" * (BLOCK // 4)))
+    # The attacker writes well-formed blocks (right header, key, namespace, checksum) without the
+    # secret: one new key, one replacing a stored block.
+    for k in (overwritten, planted):
+        os.makedirs(layout.dir_of(k), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(layout.path_of(k))
+        write_block(layout.path_of(k), k, evil, layout.ns_tag, direct=False, fsync=False)
+    tier = h.make_tier(primary, root, shared_root=True, verify="never")
+    assert tier.wait_scan(30)
+    res = h.load(tier, primary, [good, overwritten, planted])
+    served = res.transferred([good, overwritten, planted])
+    assert served == [good]
+    assert primary.block(0).tobytes() == h.payload_of(good, BLOCK).tobytes()
+    assert tier.stats.corrupt >= 1
+    tier.shutdown()
+    # A tier with another secret serves none of the blocks.
+    monkeypatch.setenv("KVTIER_FS_SECRET", "another-secret-45678")
+    tier = h.make_tier(primary, root, shared_root=True)
+    assert tier.wait_scan(30)
+    assert h.load(tier, primary, [good]).transferred([good]) == []
+    tier.shutdown()

@@ -91,7 +91,7 @@ class LoadPath:
             return f"read error: {exc.strerror or exc}"
         try:
             slot_bytes = self.rows[slot, : self.block_bytes].data
-            read_block(fd, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify)
+            read_block(fd, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify, mac=self.parts.mac)
             # The access order survives a restart through mtime. Refreshing it costs an inode
             # write, so it is done at most once a minute per block (restart order is that coarse).
             last = self.parts.index.access.get(key, 0.0)

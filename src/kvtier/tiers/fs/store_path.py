@@ -170,7 +170,7 @@ class StorePath:
         acct = self.parts.accounting
         write_block(
             tmp.rpartition("/")[2], key, payload.data, self.parts.layout.ns_tag, direct=direct,
-            fsync=self.fsync, dir_fd=acct.tmp_fd,
+            fsync=self.fsync, dir_fd=acct.tmp_fd, mac=self.parts.mac,
         )  # fmt: skip
 
     # -- after the last chunk (worker thread) ---------------------------------------------------

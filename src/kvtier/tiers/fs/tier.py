@@ -52,6 +52,7 @@ from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
 from kvtier.tiers.fs.store_path import StorePath
+from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
 
 __all__ = ["FsTier"]
 
@@ -82,6 +83,11 @@ class FsTier(AsyncTier):
         refresh_interval: seconds between two checks for other processes' stores and evictions.
         precreate_dirs: create all shard directories in the background after the start-up scan
             (a young tree then pays no mkdir on the store path).
+        shared_root: the root may be writable by others (several users, a shared volume); every
+            block is then authenticated with a keyed MAC (:mod:`kvtier.tiers.fs.trust`). Without it
+            a group/world-writable or foreign-owned root or namespace directory is refused.
+        secret_env / secret_file: where a shared root's MAC secret comes from (an environment
+            variable, default ``KVTIER_FS_SECRET``, or a 0600 file); never logged.
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -108,6 +114,9 @@ class FsTier(AsyncTier):
         log_interval: float = 10.0,
         refresh_interval: float = 0.5,
         precreate_dirs: bool = True,
+        shared_root: bool = False,
+        secret_env: str = DEFAULT_SECRET_ENV,
+        secret_file: str | None = None,
     ) -> None:
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
@@ -122,7 +131,14 @@ class FsTier(AsyncTier):
         if direct_io not in _DIRECT:
             raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
         self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
+        if not isinstance(shared_root, bool):
+            raise ConfigError("shared_root", f"expected true or false, got {shared_root!r}")
+        self.shared_root = shared_root
         self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
+        mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
+        if not shared_root:
+            for d in (self.layout.root_dir, self.layout.ns_dir):
+                check_private_dir("root_dir", d)
         if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
             raise ConfigError(
                 "max_bytes",
@@ -139,8 +155,9 @@ class FsTier(AsyncTier):
         self.refresh_interval = float(refresh_interval)
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         self.accounting = SharedAccounting(
-            self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path
-        )
+            self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
+            owners=None if shared_root else (os.geteuid(),),
+        )  # fmt: skip
         probed = direct_io != "never" and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
@@ -155,7 +172,7 @@ class FsTier(AsyncTier):
         self.precreate_dirs = bool(precreate_dirs) and len(present) < 256
         self.index = FsIndex(self._lock, policy, present)
         self.shard_dirs = ShardDirs(self.accounting.tree)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog)
+        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
             block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
