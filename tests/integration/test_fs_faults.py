@@ -31,7 +31,9 @@ def small_disk(path: Path) -> Iterator[bool]:
         yield False
         return
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(path)], capture_output=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(path)], capture_output=True
+        )
     except OSError:
         yield False
         return
