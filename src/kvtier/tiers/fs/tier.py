@@ -48,6 +48,7 @@ from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
+from kvtier.tiers.fs.options import check_bool, check_max_bytes, check_seconds, root_path
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
@@ -131,10 +132,15 @@ class FsTier(AsyncTier):
         if direct_io not in _DIRECT:
             raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
         self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
-        if not isinstance(shared_root, bool):
-            raise ConfigError("shared_root", f"expected true or false, got {shared_root!r}")
-        self.shared_root = shared_root
-        self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
+        # Every scalar option is checked before anything touches the disk.
+        self.fsync = check_bool("fsync", fsync)
+        self.full_backoff = check_seconds("full_backoff", full_backoff)
+        self.record_access = check_bool("record_access", record_access)
+        self.refresh_interval = check_seconds("refresh_interval", refresh_interval)
+        precreate = check_bool("precreate_dirs", precreate_dirs)
+        self.shared_root = check_bool("shared_root", shared_root)
+        self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
+        check_max_bytes(self.max_bytes, self.layout.root_dir)
         mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
         if not shared_root:
             for d in (self.layout.root_dir, self.layout.ns_dir):
@@ -149,10 +155,6 @@ class FsTier(AsyncTier):
         policy = self._new_policy(policy_capacity(self.max_bytes, self.layout.block_bytes))
         self.layout.ensure("root_dir")
         self.verify = verify == "always"
-        self.fsync = bool(fsync)
-        self.full_backoff = float(full_backoff)
-        self.record_access = bool(record_access)
-        self.refresh_interval = float(refresh_interval)
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         self.accounting = SharedAccounting(
             self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
@@ -169,7 +171,7 @@ class FsTier(AsyncTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
         # A tree with every top-level shard was pre-created before (leaves appear on demand).
-        self.precreate_dirs = bool(precreate_dirs) and len(present) < 256
+        self.precreate_dirs = precreate and len(present) < 256
         self.index = FsIndex(self._lock, policy, present)
         self.shard_dirs = ShardDirs(self.accounting.tree)
         parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
