@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import stat
 import threading
 import time
@@ -19,6 +20,8 @@ import fs_helpers as h  # tests/integration is on pytest's pythonpath
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.keys import BlockKey
+from kvtier.tiers.fs import FsTier
 from kvtier.tiers.fs.accounting import ACCOUNTING_FILE
 from kvtier.tiers.fs.io import write_block
 
@@ -203,3 +206,98 @@ def test_planted_valid_looking_blocks_are_never_served_on_a_shared_root(
     assert tier.wait_scan(30)
     assert h.load(tier, primary, [good]).transferred([good]) == []
     tier.shutdown()
+
+
+def _plant(
+    rng: random.Random, tier: FsTier, outside: Path, stored: list[BlockKey], shared: bool
+) -> list[BlockKey]:
+    """Drop hostile objects into a live tier's tree; returns the keys whose block was replaced or
+    planted (none of them may ever be served). On a private root only this user could write a
+    well-formed block (the root is refused otherwise), so planted blocks there belong to another
+    uid; on a shared root they are this user's too and only the MAC tells them apart."""
+    layout = tier.layout
+    evil = memoryview(bytearray(b"EVIL" * (BLOCK // 4)))
+    poisoned: list[BlockKey] = []
+    for i in range(12):
+        kind = rng.choice(["fifo", "link_file", "link_dir", "hard", "owner", "planted"])
+        if kind == "planted" and not shared:
+            kind = "owner"
+        if kind == "owner" and os.geteuid() != 0:
+            kind = "fifo"  # chown needs root; the other kinds still run
+        key = rng.choice(stored) if rng.random() < 0.5 else h.key_of(f"planted-{i}")
+        path = layout.path_of(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "link_file":
+            os.symlink(outside / "victim", path)
+        elif kind == "link_dir":
+            os.symlink(outside, path)
+        elif kind == "hard":
+            os.link(outside / "victim", path)
+        else:  # a well-formed block with the EVIL payload (right key, namespace and checksum)
+            write_block(path, key, evil, layout.ns_tag, direct=False, fsync=False)
+            if kind == "owner":
+                os.chown(path, 4242, 4242)
+        poisoned.append(key)
+    for name in ("procs", "tmp"):
+        os.symlink(outside / "victim", Path(layout.ns_dir, name, f"{rng.randrange(1 << 20)}-0000abcd.1"))
+        os.mkfifo(Path(layout.ns_dir, name, f"{rng.randrange(1 << 20)}-0000abce.2"))
+    os.symlink(outside, Path(layout.ns_dir, "zz"))
+    return poisoned
+
+
+@pytest.mark.parametrize(("seed", "shared"), [(1, False), (2, False), (3, True), (4, True)])
+def test_seeded_hostile_tree_nothing_outside_changes_nothing_planted_served_no_call_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, shared: bool
+) -> None:
+    """The key test of issue 17: FIFOs, symlinks to files and directories, hard links, foreign-owned
+    and planted well-formed blocks and forged accounting entries are dropped into a live tier's
+    root; then the tier loads, stores, evicts, restarts and shuts down."""
+    rng = random.Random(seed)
+    monkeypatch.setenv("KVTIER_FS_SECRET", "hostile-tree-secret-0123")
+    opts: dict[str, object] = {"max_bytes": 24 * (4096 + BLOCK)}
+    if shared:
+        opts["shared_root"] = True
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"precious")
+    (outside / "sub").mkdir()
+    (outside / "sub" / "deep").write_bytes(b"deep")
+    root = tmp_path / "root"
+    primary = h.aligned_primary(8, BLOCK)
+    tier = h.make_tier(primary, root, **opts)
+    stored = [h.key_of(f"s{seed}-{i}") for i in range(16)]
+    for lo in range(0, 16, 8):
+        assert h.store(tier, primary, stored[lo : lo + 8]).success
+    poisoned = _plant(rng, tier, outside, stored, shared)
+    _forge_accounting(tier.layout.ns_dir, {str(outside / "victim"): b"precious"})
+    before = _snapshot(outside)
+    for step in range(2):  # the live tier, then a restart that scans the hostile tree
+        if step == 1:
+            _within(30, tier.shutdown)
+            tier = _within(30, lambda: h.make_tier(primary, root, **opts))  # type: ignore[assignment]
+            assert tier.wait_scan(30)
+        for lo in range(0, 16, 8):
+            keys = stored[lo : lo + 8]
+            res = _within(15, lambda t=tier, keys=keys: h.load(t, primary, keys, timeout=15))
+            for slot, k in enumerate(keys):
+                if k in res.transferred(keys):  # type: ignore[attr-defined]
+                    assert k not in poisoned
+                    assert primary.block(slot).tobytes() == h.payload_of(k, BLOCK).tobytes()
+        planted = [k for k in poisoned if k not in stored]
+        if planted:
+            res = _within(15, lambda t=tier, p=planted: h.load(t, primary, p[:8], timeout=15))
+            assert res.transferred(planted[:8]) == []  # type: ignore[attr-defined]
+        # Stores and evictions (max_bytes is 24 blocks) around the hostile entries.
+        for r in range(4):
+            _within(
+                15,
+                lambda t=tier, r=r, s=step: h.store(
+                    t, primary, [h.key_of(f"f{seed}-{s}-{r}-{j}") for j in range(8)]
+                ),
+            )
+    _within(30, tier.shutdown)
+    assert _snapshot(outside) == before
