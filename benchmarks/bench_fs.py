@@ -117,6 +117,7 @@ def bench_size(
     repeat: int,
     direct_io: str = "auto",
     job_blocks: int | None = None,
+    shared_root: bool = False,
 ) -> dict[str, Any]:
     """One block size: tier store/load (``job_blocks`` blocks per store job; default all in one)
     next to the raw loop over the same bytes, best of ``repeat`` interleaved rounds."""
@@ -125,15 +126,23 @@ def bench_size(
     cfg = {
         "block_bytes": block_bytes,
         "cpu_bytes_to_use": row * blocks,
-        "model": f"bench-fs-{block_bytes}-{job_blocks}",
-        "secondary_tiers": [{"type": "fs", "root_dir": root, "threads": threads, "direct_io": direct_io}],
+        "model": f"bench-fs-{block_bytes}-{job_blocks}{'-mac' if shared_root else ''}",
+        "secondary_tiers": [
+            {
+                "type": "fs",
+                "root_dir": root,
+                "threads": threads,
+                "direct_io": direct_io,
+                "shared_root": shared_root,
+            }
+        ],
     }
     rng = np.random.default_rng(block_bytes)
     # Page-aligned like the primary buffer, so the raw loop may use O_DIRECT exactly as the tier does.
     data = np.frombuffer(mmap.mmap(-1, blocks * block_bytes), np.uint8).reshape(blocks, block_bytes)
     data[:] = rng.integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
     out = np.zeros_like(data)
-    raw_dir = os.path.join(root, f"raw-{block_bytes}-{job_blocks}")
+    raw_dir = os.path.join(root, f"raw-{block_bytes}-{job_blocks}{'-mac' if shared_root else ''}")
     os.makedirs(raw_dir, exist_ok=True)
     best: dict[str, float] = {}
     with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
@@ -167,6 +176,7 @@ def bench_size(
         "block_bytes": block_bytes,
         "blocks": blocks,
         "job_blocks": job_blocks,
+        "shared_root": shared_root,
         "threads": threads,
         "blocks_per_s": {k: round(blocks / v) for k, v in best.items() if k in ("store", "raw_store")},
         "direct_io": direct,
@@ -257,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--dir", default=None, help="parent directory of the scratch root (default: system temp)")
     ap.add_argument("--scan-files", type=int, default=20_000, help="warm-restart scan files (0: skip)")
+    ap.add_argument(
+        "--mac-size", default="1MiB",
+        help="block size also run with shared_root: true (MAC-authenticated blocks); '' skips",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     from kvtier.config import parse_size
@@ -273,6 +287,26 @@ def main(argv: list[str] | None = None) -> int:
             for s in sizes
             for j in shapes
         ]
+        mac = None
+        if args.mac_size:
+            # The MAC's cost: the same size with and without shared_root, back to back in this run.
+            os.environ.setdefault("KVTIER_FS_SECRET", os.urandom(16).hex())
+            ms = parse_size(args.mac_size, "--mac-size")
+            same = [r for r in results if r["block_bytes"] == ms and r["job_blocks"] == args.blocks]
+            plain = same[0] if same else bench_size(
+                root, ms, args.blocks, args.threads, args.repeat, args.direct_io, args.blocks
+            )  # fmt: skip
+            keyed = bench_size(
+                root,
+                ms,
+                args.blocks,
+                args.threads,
+                args.repeat,
+                args.direct_io,
+                args.blocks,
+                shared_root=True,
+            )
+            mac = {"block_bytes": ms, "MBps_plain": plain["MBps"], "MBps_mac": keyed["MBps"]}
         scan = bench_scan(root, args.scan_files) if args.scan_files > 0 else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -292,12 +326,17 @@ def main(argv: list[str] | None = None) -> int:
             ratios[f"{k}_{tag}"] = round(r[f"ratio_{k}"], 3)
     if scan is not None:
         ratios["restart_scan"] = round(scan["ratio"], 3)
+    if mac is not None:  # kvtier with the MAC / kvtier without it (1.0 = free)
+        tag = _size_tag(mac["block_bytes"])
+        for k in ("store", "load"):
+            ratios[f"mac_{k}_{tag}"] = round(mac["MBps_mac"][k] / mac["MBps_plain"][k], 3)
     doc = {
         "benchmark": "bench_fs",
         "reference": "raw loop: one file per block, same bytes, same file system, same thread count",
         "ratios": ratios,
         "results": results,
         "scan": scan,
+        "mac": mac,
         "vllm": vllm_note,
         "seconds": round(time.perf_counter() - t0, 2),
     }
@@ -321,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"restart scan of {scan['files']} files: tier {scan['tier_files_per_s']:,.0f} files/s  "
                 f"raw scandir+stat {scan['raw_files_per_s']:,.0f} files/s  ratio {scan['ratio']:.2f}"
             )
+        if mac is not None:
+            tag = _size_tag(mac["block_bytes"])
+            for k in ("store", "load"):
+                print(
+                    f"MAC (shared_root) {tag} {k}: {mac['MBps_mac'][k]:.0f} MB/s vs "
+                    f"{mac['MBps_plain'][k]:.0f} MB/s without, ratio {ratios[f'mac_{k}_{tag}']:.2f}"
+                )
         print(vllm_note)
         print(f"done in {doc['seconds']} s")
     return 0

@@ -18,12 +18,14 @@ import xxhash
 
 __all__ = [
     "KEY_BYTES",
+    "MAX_KEY_BYTES",
     "BlockInfo",
     "BlockKey",
     "KeyNamespace",
     "LookupCode",
     "LookupResult",
     "chain_key",
+    "check_keys",
     "make_namespace",
 ]
 
@@ -101,6 +103,29 @@ class BlockInfo:
 # --------------------------------------------------------------------------------------------------
 
 KEY_BYTES = 16
+#: Longest key the engine accepts (a persistent tier's header, key and MAC fit in one 4 KiB page).
+MAX_KEY_BYTES = 2048
+
+
+def check_keys(where: str, keys: Sequence[object]) -> None:
+    """Raise :class:`~kvtier.errors.MisuseError` unless every key is non-empty ``bytes`` of at
+    most :data:`MAX_KEY_BYTES` (checked at the API call, so a bad key never reaches a tier's
+    worker thread). Two C-level passes for the usual all-good case."""
+    if not keys:
+        return
+    if set(map(type, keys)) == {bytes}:
+        lens = list(map(len, keys))  # type: ignore[arg-type]  # all bytes: checked just above
+        if min(lens) > 0 and max(lens) <= MAX_KEY_BYTES:
+            return
+    from kvtier.errors import MisuseError
+
+    for i, k in enumerate(keys):
+        if type(k) is not bytes:
+            raise MisuseError(f"{where}: key #{i} is {type(k).__name__}, expected bytes (a BlockKey)")
+        if not 0 < len(k) <= MAX_KEY_BYTES:
+            raise MisuseError(f"{where}: key #{i} is {len(k)} bytes, expected 1..{MAX_KEY_BYTES}")
+
+
 """Length of every key this module produces (xxh3-128 digest)."""
 
 _KEY_VERSION = b"kvtier-key-v1"

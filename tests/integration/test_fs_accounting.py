@@ -12,8 +12,8 @@ from kvtier.tiers.fs.accounting import SharedAccounting
 
 
 def _pair(tmp_path: Path) -> tuple[SharedAccounting, SharedAccounting]:
-    a = SharedAccounting(str(tmp_path), "proc-a")
-    b = SharedAccounting(str(tmp_path), "proc-b")
+    a = SharedAccounting(str(tmp_path), "1-0000000a")
+    b = SharedAccounting(str(tmp_path), "2-0000000b")
     return a, b
 
 
@@ -28,7 +28,7 @@ def test_each_holder_sees_the_others_writes_despite_its_parse_cache(tmp_path: Pa
                 st.published += 100
         with a.section() as st:
             assert st.published == 1000
-            assert set(st.procs) == {"proc-a", "proc-b"}
+            assert set(st.procs) == {"1-0000000a", "2-0000000b"}
     finally:
         b.close()
         a.close()

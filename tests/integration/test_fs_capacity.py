@@ -30,7 +30,9 @@ def own_filesystem(path: Path) -> Iterator[bool]:
     by inode, so a file renamed mid-walk counts once), which is a close but not atomic measure.
     """
     path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(path)], capture_output=True
+    )
     try:
         yield r.returncode == 0
     finally:

@@ -1,5 +1,5 @@
-"""Faults: a full disk (a real 2 MiB tmpfs when the machine lets us mount one) and EIO become failed
-store jobs, dropped stores and log lines, never an exception into the caller."""
+"""Faults: a full disk (a real 4 MiB tmpfs, 3 MiB of it taken, when the machine lets us mount
+one) and EIO become failed store jobs, dropped stores and log lines, never an exception into the caller."""
 
 from __future__ import annotations
 
@@ -25,13 +25,15 @@ BLOCK = 256 * 1024
 
 @contextlib.contextmanager
 def small_disk(path: Path) -> Iterator[bool]:
-    """Mount a 2 MiB tmpfs at ``path``; yields False (nothing mounted) where the sandbox refuses."""
+    """Mount a 4 MiB tmpfs at ``path``; yields False (nothing mounted) where the sandbox refuses."""
     path.mkdir()
     if os.environ.get("KVTIER_TEST_NO_MOUNT"):  # exercise the fallback on machines that can mount
         yield False
         return
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(path)], capture_output=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(path)], capture_output=True
+        )
     except OSError:
         yield False
         return
@@ -65,15 +67,18 @@ def test_full_disk_drops_stores_and_never_raises(tmp_path: Path, caplog: pytest.
     primary = h.aligned_primary(8, BLOCK)
     with small_disk(mnt) as mounted:
         cls = FsTier if mounted else _FullDiskTier
-        print(f"full disk: {'real 2 MiB tmpfs' if mounted else 'injected ENOSPC (mount refused)'}")
+        print(f"full disk: {'real tmpfs, 1 MiB free' if mounted else 'injected ENOSPC (mount refused)'}")
         ctx = h.TierContext(name="fs", block_bytes=BLOCK, namespace=h.NAMESPACE)
-        # max_bytes far above the disk: the disk, not the accounting, is what fills up.
-        tier = cls(primary_kv_view=primary.view, context=ctx, root_dir=str(mnt), max_bytes="1GiB",
+        # Another user of the disk holds 3 of its 4 MiB, and max_bytes is the whole disk (a larger
+        # max_bytes is refused): the disk, not the accounting, is what fills up.
+        if mounted:
+            (mnt / "ballast").write_bytes(b"\1" * (3 << 20))
+        tier = cls(primary_kv_view=primary.view, context=ctx, root_dir=str(mnt), max_bytes="4MiB",
                    full_backoff=2.0, direct_io="auto")  # fmt: skip
         try:
             caplog.set_level(logging.WARNING, logger="kvtier.tiers.fs")
             keys = [h.key_of(f"full{i}") for i in range(8)]
-            first = h.store(tier, primary, keys)  # 8 x 260 KiB > 2 MiB: part of it cannot fit
+            first = h.store(tier, primary, keys)  # 8 x 260 KiB > the free 1 MiB: part of it cannot fit
             assert not first.success
             stored = first.transferred(keys)
             assert 0 < len(stored) < len(keys)

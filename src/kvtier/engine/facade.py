@@ -59,7 +59,7 @@ from kvtier.engine.tenants import TenantScope
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
 from kvtier.errors import MisuseError
-from kvtier.keys import BlockInfo, BlockKey, LookupCode
+from kvtier.keys import BlockInfo, BlockKey, LookupCode, check_keys
 from kvtier.policies.base import CachePolicy
 from kvtier.primary import PrimaryTier, SlotState
 from kvtier.tiers.base import SecondaryTier
@@ -298,7 +298,9 @@ class Engine:
 
         Keys that find no slot (every other slot pinned or being written) are dropped and counted.
         Write the bytes into ``primary_kv_view[slot_ids[i]]``, then call :meth:`complete_store`.
+        Keys must be non-empty ``bytes`` of at most ``MAX_KEY_BYTES`` (else ``MisuseError``).
         """
+        check_keys("prepare_store", keys)
         ikeys = (
             keys
             if (request is None or request.tenant is None) and type(keys) is list

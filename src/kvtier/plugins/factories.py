@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -112,7 +113,18 @@ def tier_contexts(
 
     contexts: list[TierContext] = []
     seen: dict[str, int] = {}
+    roots: dict[str, int] = {}
     for tc in config.secondary_tiers:
+        root = tc.options.get("root_dir")
+        if isinstance(root, str) and root.strip():
+            # Two tiers on one directory would evict each other's blocks (issue 17).
+            norm = os.path.abspath(os.path.expanduser(root))
+            if norm in roots:
+                raise ConfigError(
+                    f"{tc.key_path}.root_dir",
+                    f"{root!r} is also the root_dir of secondary_tiers[{roots[norm]}]; give each its own",
+                )
+            roots[norm] = tc.index
         name = tier_name(tc)
         if name in seen:
             raise ConfigError(

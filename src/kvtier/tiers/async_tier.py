@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -107,9 +108,20 @@ from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.ratelog import RateLimitedLog
 from kvtier.transfer.workers import Priority, WorkerPool
 
-__all__ = ["AsyncTier", "ChunkOutcome", "JobState", "chunk_size"]
+__all__ = ["MAX_THREADS", "AsyncTier", "ChunkOutcome", "JobState", "check_seconds", "chunk_size"]
+
+#: Most worker threads one tier may start (each is a real OS thread; more only adds contention).
+MAX_THREADS = 256
 
 Item = tuple[BlockKey, int]
+
+
+def check_seconds(key: str, value: object) -> float:
+    """``value`` as a finite, positive number of seconds, else a ``ConfigError`` naming ``key``."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value <= 0:  # type: ignore[operator]
+        raise ConfigError(key, f"expected a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def chunk_size(n: int, *, batch_blocks: int, threads: int) -> int:
@@ -191,14 +203,14 @@ class AsyncTier(SecondaryTier):
         store_gate: StoreGate | None = None,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigError("threads", f"expected an integer >= 1, got {threads!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+            raise ConfigError("threads", f"expected an integer 1..{MAX_THREADS}, got {threads!r}")
         if isinstance(batch_blocks, bool) or not isinstance(batch_blocks, int) or batch_blocks < 1:
             raise ConfigError("batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
         self.threads = threads
         self.batch_blocks = batch_blocks
         self.log = logger or logging.getLogger(f"kvtier.tiers.{type(self).__name__}")
-        self.rlog = RateLimitedLog(self.log, float(log_interval))
+        self.rlog = RateLimitedLog(self.log, check_seconds("log_interval", log_interval))
         self.store_gate = store_gate or StoreGate()
         #: Guards the job bookkeeping and ``stats``; subclasses use it for their in-memory state.
         self._lock = threading.Lock()

@@ -25,14 +25,21 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
+import re
+import stat
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
+
+from kvtier.tiers.fs.safe import ForeignFileError, SafeTree, open_dir
+
+log = logging.getLogger("kvtier.tiers.fs")
 
 __all__ = ["AccountingState", "SharedAccounting"]
 
@@ -42,8 +49,29 @@ EVENTS_FILE = "events.log"
 EVENTS_MAX = 32 << 20
 _EVT = struct.Struct("<cQH")  # op (b"+" stored, b"-" removed), writer id, key length; then the key
 PROCS_DIR = "procs"
+_OPS = (b"+", b"-")
+#: Longest key an event may carry (the codec's limit).
+MAX_EVENT_KEY = 0xFFFF
 _READ_CHUNK = 1 << 16
 TMP_DIR = "tmp"
+#: A process token as :class:`~kvtier.tiers.fs.tier.FsTier` makes it: ``<pid>-<8 hex>``. Anything
+#: else read from the tree (accounting entries, ``procs/`` names, temp-file names) is forged or
+#: foreign: never joined into a path, never unlinked.
+_TOKEN = re.compile(r"\A[0-9]{1,10}-[0-9a-f]{8}\Z")
+_TEMP_NAME = re.compile(r"\A([0-9]{1,10}-[0-9a-f]{8})\.[0-9]{1,20}\Z")
+_O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_OPEN_MARKER = os.O_RDWR | _O_SAFE
+
+
+def is_token(name: object) -> bool:
+    """Whether ``name`` has the fixed shape of a process token (see ``_TOKEN``)."""
+    return isinstance(name, str) and _TOKEN.match(name) is not None
+
+
+def temp_owner(name: str) -> str | None:
+    """The token that owns temp file ``name`` (``<token>.<n>``), or ``None`` if it is not one."""
+    m = _TEMP_NAME.match(name)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -58,6 +86,7 @@ class AccountingState:
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
     gen: int = 0
     epoch: int = 0  # bumped each time the event log is cut back
+    forged: int = 0  # entries dropped on decode (not a token, not an object); never written
 
     @property
     def reserved(self) -> int:
@@ -78,14 +107,33 @@ class AccountingState:
             return None
         try:
             doc = json.loads(data)
+            # Entries whose name is not a token, or whose value is not an object, are forged:
+            # dropped here so no later step ever sees them (they are written back without them).
+            raw = dict(doc["procs"])
+            procs = {t: p for t, p in raw.items() if is_token(t) and isinstance(p, dict)}
             return cls(
                 published=int(doc["published"]),
-                procs=dict(doc["procs"]),
+                procs=procs,
+                forged=len(raw) - len(procs),
                 gen=int(doc.get("gen", 0)),
                 epoch=int(doc.get("epoch", 0)),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
+
+
+def _intent_items(raw: object) -> list[tuple[str, object, int]]:
+    """The well-formed ``[kind, name, delta]`` items of an intent read from the file."""
+    if not isinstance(raw, list):
+        return []
+    out: list[tuple[str, object, int]] = []
+    for item in raw:
+        if (
+            isinstance(item, list) and len(item) == 3 and item[0] in ("pub", "del")
+            and type(item[2]) is int and 0 <= item[2] < 1 << 62
+        ):  # fmt: skip
+            out.append((item[0], item[1], item[2]))
+    return out
 
 
 class SharedAccounting:
@@ -96,19 +144,40 @@ class SharedAccounting:
     engine's thread.
     """
 
-    def __init__(self, ns_dir: str, token: str, *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        ns_dir: str,
+        token: str,
+        *,
+        fsync: bool = False,
+        is_block_path: Callable[[str], bool] | None = None,
+        owners: Collection[int] | None = (os.geteuid(),),
+    ) -> None:
         self.ns_dir = ns_dir
         self.token = token
         self.fsync = fsync
         self.tmp_dir = os.path.join(ns_dir, TMP_DIR)
         self.procs_dir = os.path.join(ns_dir, PROCS_DIR)
         for d in (self.tmp_dir, self.procs_dir):
-            os.makedirs(d, mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+        # Held for our whole life and used as dir_fd: a tmp/ or procs/ later replaced by a symlink
+        # is never followed (O_NOFOLLOW refuses one now).
+        self.tmp_fd = open_dir(self.tmp_dir)
+        #: Confined access to the block files (links, FIFOs, other owners' files refused).
+        self.tree = SafeTree(ns_dir, owners=owners)
+        self._procs_fd = open_dir(self.procs_dir)
+        #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
+        self.forged = 0
+        #: Whether a string is a block path of this namespace (checks ``del`` intents read back).
+        self.is_block_path = is_block_path
         self._tlock = threading.RLock()
         # Shared event log: every process appends "+key"/"-key" inside its sections and reads the
         # others' records at the start of each section, so indexes follow each other's stores and
         # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
-        self._ev_fd = os.open(os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self._ev_fd = os.open(
+            os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND | _O_SAFE, 0o600
+        )
         self._ev_off = -1
         self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
         self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
@@ -119,10 +188,15 @@ class SharedAccounting:
         self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
         self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
         self.on_epoch_change: Callable[[], None] | None = None
-        self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT | _O_SAFE, 0o600)
+        for fd in (self._ev_fd, self._fd):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{ns_dir}: {ACCOUNTING_FILE}/{EVENTS_FILE} is not a regular file")
         # Our liveness marker: held LOCK_EX for our whole life; the kernel drops it when we die.
+        if not is_token(token):
+            raise ValueError(f"token {token!r} is not <pid>-<8 hex>")
         self._proc_path = os.path.join(self.procs_dir, token)
-        self._proc_fd = os.open(self._proc_path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._proc_fd = os.open(token, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=self._procs_fd)
         fcntl.flock(self._proc_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.lost_state = False  # the file was missing/unreadable when we started
         with self.section() as st:
@@ -165,6 +239,8 @@ class SharedAccounting:
             # keep their state object past the section), so skip the parse.
             return self._last[1]
         st = AccountingState.from_bytes(data) if data else None
+        if st is not None and st.forged:
+            self._note_forged(st.forged, "accounting entries that are not process tokens")
         if st is None:
             self.lost_state = True
             return AccountingState()
@@ -210,6 +286,11 @@ class SharedAccounting:
             op, writer, klen = _EVT.unpack_from(data, pos)
             end = pos + _EVT.size + klen
             if end > len(data):
+                break
+            if op not in _OPS or not 0 < klen <= MAX_EVENT_KEY:
+                # Not a record we write: the rest of this read is unreliable.
+                self._note_forged(1, "an event-log record of unknown shape")
+                pos = len(data)
                 break
             if writer != self._writer_id:
                 events.append((op, data[pos + _EVT.size : end]))
@@ -259,16 +340,26 @@ class SharedAccounting:
             entry = st.procs[self.token] = {"pid": os.getpid(), "reserved": 0, "intent": None}
         return entry
 
+    def _note_forged(self, n: int, what: str) -> None:
+        """Count and log (the first few) forged names read from the tree."""
+        self.forged += n
+        if self.forged <= 10 * n:
+            log.warning("kvtier fs: ignored %s under %s (forged or foreign; left alone)", what, self.ns_dir)
+
     # -- liveness and recovery -----------------------------------------------------------------
     def _is_alive(self, token: str) -> bool:
         if token == self.token:
             return True
-        path = os.path.join(self.procs_dir, token)
+        if not is_token(token):
+            return False  # never joined as a path (callers check too)
         try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
+            # No symlink, no FIFO wait: a marker is a regular file of ours or it is no marker.
+            fd = os.open(token, _OPEN_MARKER, dir_fd=self._procs_fd)
+        except OSError:
             return False
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
@@ -281,23 +372,32 @@ class SharedAccounting:
 
         Must be called inside :meth:`section`. Returns the number of dead processes cleaned.
         """
+        for token in [t for t in st.procs if not is_token(t)]:
+            st.procs.pop(token)  # forged (from_bytes drops them too; a state built in memory may not)
+            self._note_forged(1, "an accounting entry that is not a process token")
         dead = [t for t in st.procs if not self._is_alive(t)]
         for token in dead:
             entry = st.procs.pop(token)
-            for kind, name, delta in entry.get("intent") or ():
-                if kind == "pub" and os.path.exists(name):
-                    st.published -= int(delta)  # the rename never happened
-                elif kind == "del" and os.path.exists(name):
-                    st.published += int(delta)  # the unlink never happened
+            for item in _intent_items(entry.get("intent")):
+                kind, name, delta = item
+                if not isinstance(name, str) or not self._intent_name_ok(token, kind, name):
+                    # Never looked up: a forged intent cannot probe or change anything.
+                    self._note_forged(1, f"an intent naming {name!r}")
+                    continue
+                if kind == "pub" and self._temp_exists(name):
+                    st.published -= delta  # the rename never happened
+                elif kind == "del" and self.tree.lexists(name):
+                    st.published += delta  # the unlink never happened
             self._remove_temp_files(token)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.procs_dir, token))
-        # Marker files of processes that died before registering (or after a wiped file).
-        with contextlib.suppress(OSError), os.scandir(self.procs_dir) as it:
+                os.unlink(token, dir_fd=self._procs_fd)
+        # Marker files of processes that died before registering (or after a wiped file). Names
+        # that are not tokens are not ours: left alone.
+        with contextlib.suppress(OSError), os.scandir(self._procs_fd) as it:
             for e in it:
-                if e.name not in st.procs and not self._is_alive(e.name):
+                if is_token(e.name) and e.name not in st.procs and not self._is_alive(e.name):
                     with contextlib.suppress(OSError):
-                        os.unlink(e.path)
+                        os.unlink(e.name, dir_fd=self._procs_fd)
                     self._remove_temp_files(e.name)
         st.published = max(0, st.published)
         return len(dead)
@@ -309,24 +409,47 @@ class SharedAccounting:
             t != self.token and (int(p.get("reserved", 0)) or p.get("intent")) for t, p in st.procs.items()
         )
 
+    def _intent_name_ok(self, token: str, kind: object, name: object) -> bool:
+        """Whether an intent item names what this code writes there: a temp file of ``token``
+        (``pub``) or a block path of this namespace (``del``); the name is compared as a string
+        against those fixed shapes, never resolved."""
+        if not isinstance(name, str):
+            return False
+        if kind == "pub":
+            head, _, tail = name.rpartition("/")
+            return head == self.tmp_dir and temp_owner(tail) == token
+        if kind == "del":
+            return self.is_block_path is not None and self.is_block_path(name)
+        return False
+
+    def _temp_exists(self, tmp: str) -> bool:
+        try:
+            os.stat(tmp.rpartition("/")[2], dir_fd=self.tmp_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
     def _remove_temp_files(self, token: str) -> None:
-        prefix = token + "."
-        with contextlib.suppress(OSError), os.scandir(self.tmp_dir) as it:
+        if not is_token(token):
+            return
+        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
             for e in it:
-                if e.name.startswith(prefix):
+                if temp_owner(e.name) == token:
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.path)
+                        os.unlink(e.name, dir_fd=self.tmp_fd)
 
     def remove_stale_temp_files(self, st: AccountingState) -> int:
-        """Delete temp files whose owner token is not a live registered process (inside a section)."""
+        """Delete temp files whose owner token is not a live registered process (inside a section).
+
+        Only names of the temp-file shape are touched (an entry is unlinked, never followed)."""
         removed = 0
-        with contextlib.suppress(OSError), os.scandir(self.tmp_dir) as it:
+        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
             for e in it:
-                owner = e.name.rsplit(".", 1)[0]
-                if owner in st.procs:
+                owner = temp_owner(e.name)
+                if owner is None or owner in st.procs:
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.path)
+                    os.unlink(e.name, dir_fd=self.tmp_fd)
                     removed += 1
         return removed
 
@@ -338,11 +461,20 @@ class SharedAccounting:
     def unlink_files(self, st: AccountingState, paths: list[str]) -> list[tuple[str, int]]:
         """Unlink block files inside a section, journaled. Returns ``(path, size)`` actually removed."""
         victims: list[tuple[str, int]] = []
+        tree = self.tree
         for p in paths:
             try:
-                victims.append((p, os.stat(p, follow_symlinks=False).st_size))
+                st_ = tree.lstat(p)
+                tree.check(st_, p)
+                victims.append((p, st_.st_size))
             except FileNotFoundError:
                 continue  # already gone (another process evicted it); it was subtracted then
+            except ForeignFileError as exc:
+                # Not provably ours (a link, a FIFO, another owner's file, a shard dir that is a
+                # link): left in place, counted; it was never counted in published either.
+                log.warning("kvtier fs: left %s in place (%s)", p, exc.reason)
+            except OSError:
+                continue
         if not victims:
             return []
         st.published = max(0, st.published - sum(s for _, s in victims))
@@ -350,7 +482,7 @@ class SharedAccounting:
         removed = []
         for p, s in victims:
             try:
-                os.unlink(p)
+                tree.unlink_own(p)
                 removed.append((p, s))
             except FileNotFoundError:
                 st.published += s
@@ -366,26 +498,44 @@ class SharedAccounting:
         """
         me = self.me(st)
         plan: list[tuple[str, str, int, bool]] = []
+        foreign: set[str] = set()
         for tmp, final, size in items:
-            plan.append((tmp, final, size, not os.path.exists(final)))
+            try:
+                self.tree.check(self.tree.lstat(final), final)
+                new = False
+            except FileNotFoundError:
+                new = True
+            except OSError:  # ForeignFileError included: never renamed over, never through a link
+                foreign.add(final)
+                new = False
+            plan.append((tmp, final, size, new))
         me["reserved"] = max(0, int(me["reserved"]) - sum(s for _, _, s in items))
         st.published += sum(s for _, _, s, new in plan if new)
         self.write_intent(st, [["pub", tmp, s] for tmp, _, s, new in plan if new])
         ok: list[bool] = []
         for tmp, final, size, new in plan:
+            tmp_name = tmp.rpartition("/")[2]
             try:
                 if new:
-                    os.rename(tmp, final)
+                    self.tree.rename_in(self.tmp_fd, tmp_name, final)
                 else:
-                    os.unlink(tmp)
-                ok.append(True)
+                    os.unlink(tmp_name, dir_fd=self.tmp_fd)
+                ok.append(final not in foreign)
             except OSError as exc:
                 if new:
                     st.published -= size
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                ok.append(exc.errno == errno.ENOENT and not new)
+                self.unlink_temp(tmp)
+                ok.append(exc.errno == errno.ENOENT and not new and final not in foreign)
         return ok
+
+    def unlink_temp(self, tmp: str) -> bool:
+        """Remove our temp file ``tmp`` (by name in ``tmp/``, never through a link); whether it
+        was there."""
+        try:
+            os.unlink(tmp.rpartition("/")[2], dir_fd=self.tmp_fd)
+        except OSError:
+            return False
+        return True
 
     def release(self, nbytes: int) -> None:
         """Give back a reservation whose temp file was never published (already deleted)."""
@@ -412,7 +562,8 @@ class SharedAccounting:
             if me is not None and int(me.get("reserved", 0)):
                 self._remove_temp_files(self.token)
         with contextlib.suppress(OSError):
-            os.unlink(self._proc_path)
-        for fd in (self._proc_fd, self._fd, self._ev_fd):
+            os.unlink(self.token, dir_fd=self._procs_fd)
+        self.tree.close()
+        for fd in (self._proc_fd, self._fd, self._ev_fd, self.tmp_fd, self._procs_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -8,12 +8,14 @@ slot, ``O_DIRECT`` when allowed) and read straight into it (``preadv``), never c
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import threading
 
 from kvtier import codec
 from kvtier.tiers.fs.layout import HEADER_ALIGN
+from kvtier.tiers.fs.trust import MAC_LEN, BlockMac
 
 __all__ = ["fsync_dir", "read_block", "write_block"]
 
@@ -33,17 +35,29 @@ def _aligned_header(head: bytes) -> memoryview:
 
 
 def write_block(
-    path: str, key: bytes, payload: memoryview, ns_tag: int, *, direct: bool, fsync: bool
+    path: str,
+    key: bytes,
+    payload: memoryview,
+    ns_tag: int,
+    *,
+    direct: bool,
+    fsync: bool,
+    dir_fd: int | None = None,
+    mac: BlockMac | None = None,
 ) -> None:
-    """Create ``path`` (must not exist) holding ``key``'s blob; raises ``OSError`` on failure.
+    """Create ``path`` (must not exist; relative to ``dir_fd`` when given) holding ``key``'s blob;
+    raises ``OSError`` on failure. ``O_EXCL | O_NOFOLLOW``: never writes through a planted link.
+    With ``mac`` (a shared root) the block's MAC goes into the header padding right after the key.
 
     ``direct`` opens with ``O_DIRECT``; the caller passes it only when the payload address and
     length are page multiples (otherwise the write is buffered: same bytes, same file).
     """
     n = payload.nbytes
     head = codec.encode_header(key, n, codec.payload_checksum(key, ns_tag, payload), ns_tag, HEADER_ALIGN)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | (_O_DIRECT if direct else 0)
-    fd = os.open(path, flags, 0o600)
+    if mac is not None:
+        head = _with_mac(head, len(key), payload, mac)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC | (_O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o600, dir_fd=dir_fd)
     try:
         want = len(head) + n
         done = os.pwritev(fd, [_aligned_header(head) if direct else head, payload], 0)
@@ -57,10 +71,26 @@ def write_block(
         os.close(fd)
 
 
-def read_block(path: str, key: bytes, out: memoryview, ns_tag: int, *, verify: bool) -> int:
-    """Fill ``out`` with ``key``'s payload from ``path`` and return the file size.
+def _mac_span(key_len: int, hlen: int) -> int:
+    """Offset of the MAC in a header of ``hlen`` bytes (fixed part + key first)."""
+    off = codec.FIXED_HEADER_SIZE + key_len
+    if off + MAC_LEN > hlen:
+        raise OSError(errno.EINVAL, f"a {key_len}-byte key leaves no room for the MAC in the header")
+    return off
 
-    Raises ``FileNotFoundError`` (no such block), :class:`~kvtier.codec.CorruptBlockError` (the
+
+def _with_mac(head: bytes, key_len: int, payload: memoryview, mac: BlockMac) -> bytes:
+    off = _mac_span(key_len, len(head))
+    return head[:off] + mac.tag(head[:off], payload) + head[off + MAC_LEN :]
+
+
+def read_block(
+    fd: int, key: bytes, out: memoryview, ns_tag: int, *, verify: bool, mac: BlockMac | None = None
+) -> int:
+    """Fill ``out`` with ``key``'s payload from open block file ``fd`` and return the file size.
+
+    ``fd`` comes from :meth:`~kvtier.tiers.fs.safe.SafeTree.open_block` (checked regular file; the
+    caller closes it). Raises :class:`~kvtier.codec.CorruptBlockError` (the
     file is not exactly this key's block of this namespace: wrong length, header, key, namespace or
     checksum; ``out`` then holds garbage) or another ``OSError`` (I/O error).
     """
@@ -68,17 +98,20 @@ def read_block(path: str, key: bytes, out: memoryview, ns_tag: int, *, verify: b
     hlen = codec.header_size(len(key), HEADER_ALIGN)
     head = bytearray(hlen)
     extra = bytearray(1)  # a byte past the end: filled only when the file is too long (no fstat)
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        got = os.preadv(fd, [head, out, extra], 0)
-    finally:
-        os.close(fd)
+    got = os.preadv(fd, [head, out, extra], 0)
     if got != hlen + n:
         what = f"{got} bytes" if got < hlen + n else "longer"
         raise codec.CorruptBlockError("length", f"file is {what}, expected {hlen + n} bytes")
     header = codec.parse_header(head, expected_key=key, ns_tag=ns_tag, payload_len=n)
     if header.header_len != hlen:
         raise codec.CorruptBlockError("header", f"header length {header.header_len}, expected {hlen}")
+    if mac is not None:  # a shared root: authenticated whatever ``verify`` says
+        try:
+            off = _mac_span(len(key), hlen)
+        except OSError as exc:
+            raise codec.CorruptBlockError("mac", str(exc)) from exc
+        if not mac.check(head[:off], out, bytes(head[off : off + MAC_LEN])):
+            raise codec.CorruptBlockError("mac", "MAC does not verify (not written with this secret)")
     if verify:
         codec.verify_payload(header, out)
     return got

@@ -27,6 +27,7 @@ import xxhash
 
 from kvtier import codec
 from kvtier.errors import ConfigError
+from kvtier.tiers.fs.safe import FILE_FLAGS, SafeTree, open_dir
 
 __all__ = ["Layout", "ScanShard", "ShardDirs", "block_file_size", "probe_direct_io"]
 
@@ -86,6 +87,22 @@ class Layout:
         s = xxhash.xxh3_64_intdigest(key) >> 52
         name = key.hex() if len(key) <= MAX_HEX_KEY else "x" + xxhash.xxh3_128_hexdigest(key)
         return f"{self.ns_dir}/{s >> 4:02x}/{s & 0xF:x}/{name}"
+
+    def is_block_path(self, path: str) -> bool:
+        """Whether ``path`` has the exact shape of a block path of this namespace
+        (``<ns_dir>/<2 hex>/<1 hex>/<name>``); a string check, nothing is resolved."""
+        prefix = self.ns_dir + "/"
+        if not path.startswith(prefix):
+            return False
+        parts = path[len(prefix) :].split("/")
+        if len(parts) != 3:
+            return False
+        top, mid, name = parts
+        if len(top) != 2 or not _is_hex(top) or len(mid) != 1 or not _is_hex(mid):
+            return False
+        if name.startswith("x"):
+            return len(name) == 33 and _is_hex(name[1:])
+        return 0 < len(name) <= 2 * MAX_HEX_KEY and len(name) % 2 == 0 and _is_hex(name)
 
     def file_size(self, key_len: int) -> int:
         """Size of a complete block file for a key of ``key_len`` bytes."""
@@ -160,11 +177,12 @@ class Layout:
         return tops
 
     # -- scan ----------------------------------------------------------------------------------
-    def scan(self) -> Iterator[ScanShard]:
+    def scan(self, owners: frozenset[int] | None = None) -> Iterator[ScanShard]:
         """Walk the tree one top-level shard at a time (``os.scandir``; one ``stat`` per file).
 
         Files that cannot be blocks of this namespace (bad name, wrong shard, wrong size, not a
-        regular file) are reported in ``bad``; long-key (``x...``) names have their header read.
+        regular file, not of an owner in ``owners`` when given; directories are opened with
+        ``O_NOFOLLOW``) are reported in ``bad``; long-key (``x...``) names have their header read.
         This loop is the warm-restart hot path (>= 50,000 files/s): locals only, no per-file objects
         beyond one tuple.
         """
@@ -175,57 +193,88 @@ class Layout:
             shard = ScanShard(top, [], [])
             entries, bad = shard.entries, shard.bad
             try:
-                mids = list(os.scandir(top_dir))
-            except (FileNotFoundError, NotADirectoryError):
+                # O_NOFOLLOW: a top-level shard replaced by a link is never walked.
+                top_fd = open_dir(top_dir)
+            except FileNotFoundError:
                 yield shard
                 continue
+            except OSError:
+                shard.bad.append((top_dir, "stray"))
+                yield shard
+                continue
+            try:
+                mids = list(os.scandir(top_fd))
+            finally:
+                os.close(top_fd)
             for mid in mids:
                 if mid.name not in _MID_NAMES or not mid.is_dir(follow_symlinks=False):
                     bad.append((mid.path, "stray"))
                     continue
                 want = (top << 4) | int(mid.name, 16)
+                mid_path = f"{top_dir}/{mid.name}"
                 try:
-                    it = os.scandir(mid.path)
+                    mid_fd = open_dir(mid_path)
                 except OSError:
                     continue
-                with it:
+                try:
+                    it = os.scandir(mid_fd)
+                except OSError:
+                    os.close(mid_fd)
+                    continue
+                with it, contextlib.closing(_Fd(mid_fd)):
                     for e in it:
                         name = e.name
+                        e_path = f"{mid_path}/{name}"
                         try:
                             st = e.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue  # evicted while we looked
-                        if not stat.S_ISREG(st.st_mode):
-                            bad.append((e.path, "stray"))
+                        if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
+                            bad.append((e_path, "stray"))
                             continue
                         key: bytes | None
                         if name[0] == "x":
-                            key = self._read_long_key(e.path)
+                            key = self._read_long_key(e_path)
                         else:
                             try:
                                 key = fromhex(name)
                             except ValueError:
                                 key = None
                         if key is None or shard_of(key) != want or name_of(key) != name:
-                            bad.append((e.path, "foreign"))
+                            bad.append((e_path, "foreign"))
                             continue
                         klen = len(key)
                         size = sizes.get(klen)
                         if size is None:
                             size = sizes[klen] = self.file_size(klen)
                         if st.st_size != size:
-                            bad.append((e.path, "truncated" if st.st_size < size else "length"))
+                            bad.append((e_path, "truncated" if st.st_size < size else "length"))
                             continue
                         entries.append((key, st.st_size, st.st_mtime))
             yield shard
 
     def _read_long_key(self, path: str) -> bytes | None:
         try:
-            with open(path, "rb") as f:
-                head = f.read(HEADER_ALIGN)
+            fd = os.open(path, os.O_RDONLY | FILE_FLAGS)  # no link, no FIFO wait
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                head = os.pread(fd, HEADER_ALIGN, 0)
+            finally:
+                os.close(fd)
             return codec.parse_header(head, ns_tag=self.ns_tag, payload_len=self.block_bytes).key
         except (OSError, codec.CorruptBlockError):
             return None
+
+
+class _Fd:
+    """A descriptor closed by :func:`contextlib.closing`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class ShardDirs:
@@ -235,8 +284,9 @@ class ShardDirs:
     the background pre-creation; a set add is atomic, and a lost race is one harmless failed mkdir.
     """
 
-    def __init__(self, ns_dir: str) -> None:
-        self.ns_dir = ns_dir
+    def __init__(self, tree: SafeTree) -> None:
+        self.tree = tree
+        self.ns_dir = tree.ns_dir
         #: Leaf directories known to exist.
         self.made: set[str] = set()
 
@@ -245,21 +295,16 @@ class ShardDirs:
         of the leaf only)."""
         d = path.rpartition("/")[0]  # os.path.dirname, minus its per-call overhead
         if d not in self.made:
-            for level in (os.path.dirname(d), d):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(level, 0o700)
+            self.tree.make_dirs(path)  # never through a shard directory replaced by a link
             self.made.add(d)
 
     def precreate_top(self, top: int) -> None:
         """Create top-level shard ``top`` and its 16 leaves (existing ones cost one failed mkdir)."""
         top_dir = os.path.join(self.ns_dir, f"{top:02x}")
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(top_dir, 0o700)
         for mid in "0123456789abcdef":
             leaf = os.path.join(top_dir, mid)
             if leaf not in self.made:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(leaf, 0o700)
+                self.tree.make_dirs(f"{leaf}/_")
                 self.made.add(leaf)
 
 

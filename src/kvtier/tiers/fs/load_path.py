@@ -21,6 +21,7 @@ from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.fs.io import read_block
 from kvtier.tiers.fs.parts import FsParts
+from kvtier.tiers.fs.safe import ForeignFileError
 
 __all__ = ["LoadPath"]
 
@@ -73,22 +74,38 @@ class LoadPath:
         """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
         path = self.parts.layout.path_of(key)
         try:
-            slot_bytes = self.rows[slot, : self.block_bytes].data
-            read_block(path, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify)
+            fd = self.parts.accounting.tree.open_block(path)
         except FileNotFoundError:
             self._drop_stale(key)
             return "missing"
+        except ForeignFileError as exc:
+            # A link, FIFO, device or another owner's file where the block belongs: a miss,
+            # counted and logged, never read and never removed (it is not provably ours).
+            self.parts.rlog.warning("foreign", f"kvtier fs {self.parts.name}: ignoring {path} ({exc.reason})")
+            with self._lock:
+                self.parts.stats.corrupt += 1
+            self._drop_stale(key)
+            return f"foreign: {exc.reason}"
+        except OSError as exc:
+            self.parts.rlog.warning("read", f"kvtier fs {self.parts.name}: read failed for {path}: {exc}")
+            return f"read error: {exc.strerror or exc}"
+        try:
+            slot_bytes = self.rows[slot, : self.block_bytes].data
+            read_block(fd, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify, mac=self.parts.mac)
+            # The access order survives a restart through mtime. Refreshing it costs an inode
+            # write, so it is done at most once a minute per block (restart order is that coarse).
+            last = self.parts.index.access.get(key, 0.0)
+            if self.record_access and time.time() - last > _ACCESS_GRANULARITY:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
         except codec.CorruptBlockError as exc:
             self._drop_corrupt(key, path, exc.reason)
             return f"corrupt: {exc.reason}"
         except OSError as exc:
             self.parts.rlog.warning("read", f"kvtier fs {self.parts.name}: read failed for {path}: {exc}")
             return f"read error: {exc.strerror or exc}"
-        # The access order survives a restart through mtime. Refreshing it costs an inode write,
-        # so it is done at most once a minute per block (restart order is that coarse anyway).
-        if self.record_access and time.time() - self.parts.index.access.get(key, 0.0) > _ACCESS_GRANULARITY:
-            with contextlib.suppress(OSError):
-                os.utime(path)
+        finally:
+            os.close(fd)
         return None
 
     def _drop_stale(self, key: BlockKey) -> None:

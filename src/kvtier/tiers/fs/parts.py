@@ -8,6 +8,7 @@ from kvtier.tiers.base import TierStats
 from kvtier.tiers.fs.accounting import SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout
+from kvtier.tiers.fs.trust import BlockMac
 from kvtier.tiers.ratelog import RateLimitedLog
 
 __all__ = ["FsParts"]
@@ -25,6 +26,7 @@ class FsParts:
         index: the in-memory index.
         stats: the tier's counters.
         rlog: the tier's rate-limited log.
+        mac: authenticates every block of a shared root (``None``: a private root).
     """
 
     name: str
@@ -33,3 +35,4 @@ class FsParts:
     index: FsIndex
     stats: TierStats
     rlog: RateLimitedLog
+    mac: BlockMac | None = None

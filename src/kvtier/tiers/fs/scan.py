@@ -145,7 +145,7 @@ class TreeScanner:
         """Walk every shard; on a rescan, also forget indexed keys whose file is gone."""
         seen: set[BlockKey] = set()
         started = time.time()
-        for shard in self.parts.layout.scan():
+        for shard in self.parts.layout.scan(self.parts.accounting.tree.owners):
             if self._stopping:
                 return
             self._absorb(shard, seen)

@@ -167,7 +167,11 @@ class StorePath:
             and payload.ctypes.data % HEADER_ALIGN == 0
             and self.block_bytes % HEADER_ALIGN == 0
         )
-        write_block(tmp, key, payload.data, self.parts.layout.ns_tag, direct=direct, fsync=self.fsync)
+        acct = self.parts.accounting
+        write_block(
+            tmp.rpartition("/")[2], key, payload.data, self.parts.layout.ns_tag, direct=direct,
+            fsync=self.fsync, dir_fd=acct.tmp_fd, mac=self.parts.mac,
+        )  # fmt: skip
 
     # -- after the last chunk (worker thread) ---------------------------------------------------
     def finish(self, state: JobState) -> None:
@@ -373,16 +377,13 @@ class StorePath:
         give their reservations back, so nothing leaks until the process dies."""
         back = 0
         for _, tmp, _, size in written:
-            if os.path.exists(tmp):
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+            if self.parts.accounting.unlink_temp(tmp):
                 back += size
         with contextlib.suppress(OSError):
             self.parts.accounting.release(back)
 
     def _store_failed(self, exc: OSError, tmp: str, size: int) -> str:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        self.parts.accounting.unlink_temp(tmp)
         with contextlib.suppress(OSError):
             self.parts.accounting.release(size)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

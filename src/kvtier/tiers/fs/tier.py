@@ -48,10 +48,12 @@ from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
+from kvtier.tiers.fs.options import check_bool, check_max_bytes, check_seconds, root_path
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
 from kvtier.tiers.fs.store_path import StorePath
+from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
 
 __all__ = ["FsTier"]
 
@@ -82,6 +84,11 @@ class FsTier(AsyncTier):
         refresh_interval: seconds between two checks for other processes' stores and evictions.
         precreate_dirs: create all shard directories in the background after the start-up scan
             (a young tree then pays no mkdir on the store path).
+        shared_root: the root may be writable by others (several users, a shared volume); every
+            block is then authenticated with a keyed MAC (:mod:`kvtier.tiers.fs.trust`). Without it
+            a group/world-writable or foreign-owned root or namespace directory is refused.
+        secret_env / secret_file: where a shared root's MAC secret comes from (an environment
+            variable, default ``KVTIER_FS_SECRET``, or a 0600 file); never logged.
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -108,6 +115,9 @@ class FsTier(AsyncTier):
         log_interval: float = 10.0,
         refresh_interval: float = 0.5,
         precreate_dirs: bool = True,
+        shared_root: bool = False,
+        secret_env: str = DEFAULT_SECRET_ENV,
+        secret_file: str | None = None,
     ) -> None:
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
@@ -122,7 +132,19 @@ class FsTier(AsyncTier):
         if direct_io not in _DIRECT:
             raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
         self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
-        self.layout = Layout(os.fspath(root_dir), context.namespace, context.block_bytes)
+        # Every scalar option is checked before anything touches the disk.
+        self.fsync = check_bool("fsync", fsync)
+        self.full_backoff = check_seconds("full_backoff", full_backoff)
+        self.record_access = check_bool("record_access", record_access)
+        self.refresh_interval = check_seconds("refresh_interval", refresh_interval)
+        precreate = check_bool("precreate_dirs", precreate_dirs)
+        self.shared_root = check_bool("shared_root", shared_root)
+        self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
+        check_max_bytes(self.max_bytes, self.layout.root_dir)
+        mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
+        if not shared_root:
+            for d in (self.layout.root_dir, self.layout.ns_dir):
+                check_private_dir("root_dir", d)
         if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
             raise ConfigError(
                 "max_bytes",
@@ -133,12 +155,11 @@ class FsTier(AsyncTier):
         policy = self._new_policy(policy_capacity(self.max_bytes, self.layout.block_bytes))
         self.layout.ensure("root_dir")
         self.verify = verify == "always"
-        self.fsync = bool(fsync)
-        self.full_backoff = float(full_backoff)
-        self.record_access = bool(record_access)
-        self.refresh_interval = float(refresh_interval)
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.accounting = SharedAccounting(self.layout.ns_dir, token, fsync=self.fsync)
+        self.accounting = SharedAccounting(
+            self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
+            owners=None if shared_root else (os.geteuid(),),
+        )  # fmt: skip
         probed = direct_io != "never" and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
@@ -150,10 +171,10 @@ class FsTier(AsyncTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
         # A tree with every top-level shard was pre-created before (leaves appear on demand).
-        self.precreate_dirs = bool(precreate_dirs) and len(present) < 256
+        self.precreate_dirs = precreate and len(present) < 256
         self.index = FsIndex(self._lock, policy, present)
-        self.shard_dirs = ShardDirs(self.layout.ns_dir)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog)
+        self.shard_dirs = ShardDirs(self.accounting.tree)
+        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
             block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
