@@ -29,6 +29,7 @@ name                                         type       labels / meaning
 ``kvtier_tier_errors_total``                counter    ``tier``: tier calls that raised (per tier)
 ``kvtier_promotions_total``                 counter    ``tier``: blocks promoted from that tier
 ``kvtier_inflight_jobs``                    gauge      ``tier``: jobs submitted, not reported
+                                                       (primary: ``submit_*_kv`` copies)
 ``kvtier_tier_used_bytes``                  gauge      ``tier``: bytes held (primary: resident slots)
 ``kvtier_tier_max_bytes``                   gauge      ``tier``: capacity in bytes
 ``kvtier_primary_resident_blocks``          gauge      blocks held in the primary tier
@@ -322,7 +323,8 @@ class EngineCollector:
             "gauge",
             "kvtier_inflight_jobs",
             "Transfer jobs submitted to each tier and not yet reported",
-            {n: _tier_gauge(t, "inflight_jobs", "in_flight_jobs") for n, t in secondary.items()},
+            {"primary": _tier_gauge(primary, "inflight_jobs")}
+            | {n: _tier_gauge(t, "inflight_jobs", "in_flight_jobs") for n, t in secondary.items()},
         )
         used, cap = _primary_bytes(primary)
         yield per_tier(

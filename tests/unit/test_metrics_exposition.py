@@ -3,8 +3,9 @@ present, the collector on any registry, a real engine's counters, and the Grafan
 
 Real parts: a real :class:`~kvtier.engine.Engine` with the example and fs tiers, prometheus_client's
 registries, exposition and parsers (text format and the stricter OpenMetrics one), real HTTP on
-127.0.0.1. The latency histograms and per-tier in-flight/error counts come from a stats mapping: the
-engine does not report them yet, and the collector exports whatever ``stats()`` provides.
+127.0.0.1 (the exporter a real-mode ``replay`` serves on port 0, scraped while it runs). The naming
+and shape checks use a stats mapping carrying every optional entry, so that a family a real engine
+leaves empty (no corrupt block, say) is linted too.
 """
 
 from __future__ import annotations
@@ -177,8 +178,10 @@ def test_real_engine_on_a_host_registry(tmp_path: Path) -> None:
         for lo in (0, 3):
             assert e.store_blocks(keys[lo : lo + 3], data[lo : lo + 3]) == 3
             e.drain()
-        e.lookup(keys)
+        e.lookup(keys[:2])  # evicted from the primary tier: promoted from fs0
+        inflight = samples(generate_latest(host).decode())  # the promotion job is not reported yet
         e.drain()
+        e.lookup(keys)
         st = e.stats()
         got = samples(generate_latest(host).decode())
         host.unregister(collector)
@@ -188,15 +191,96 @@ def test_real_engine_on_a_host_registry(tmp_path: Path) -> None:
         for direction, key in (("read", "read_seconds"), ("write", "write_seconds")):
             sample = ("kvtier_transfer_seconds_total", (("direction", direction), ("tier", name)))
             assert got[sample] == pytest.approx(t[key])
-    # The primary tier reports no job times: no constant-0 series pretending it is infinitely fast.
-    assert not any(k[0] == "kvtier_transfer_seconds_total" and ("tier", "primary") in k[1] for k in got)
-    # fs capacity from the tier itself, used bytes from its stats.
-    assert got[("kvtier_tier_max_bytes", (("tier", "fs0"),))] == 1 << 20
-    assert got[("kvtier_tier_used_bytes", (("tier", "fs0"),))] == st["tiers"]["fs0"]["index_bytes"] > 0
+    # The primary tier's stores were timed (store_blocks); nothing was copied out of it, so its
+    # read direction has no series rather than a constant 0 pretending it is infinitely fast.
+    primary_write = ("kvtier_transfer_seconds_total", (("direction", "write"), ("tier", "primary")))
+    assert got[primary_write] == pytest.approx(st["primary"]["write_seconds"]) and got[primary_write] > 0
+    assert (primary_write[0], (("direction", "read"), ("tier", "primary"))) not in got
+    # fs capacity and bytes on disk from the tier itself.
+    fs0 = (("tier", "fs0"),)
+    assert got[("kvtier_tier_max_bytes", fs0)] == 1 << 20
+    assert got[("kvtier_tier_used_bytes", fs0)] == st["tiers"]["fs0"]["used_bytes"] > 3 * BLOCK
+    # Per tier: in flight while the promotion was pending, none after; promotions where they came from.
+    assert inflight[("kvtier_inflight_jobs", fs0)] == 1 and got[("kvtier_inflight_jobs", fs0)] == 0
+    assert got[("kvtier_inflight_jobs", (("tier", "primary"),))] == 0
+    assert got[("kvtier_promotions_total", fs0)] == st["tiers"]["fs0"]["promotions"] == st["promotions"] > 0
+    assert got[("kvtier_promotions_total", (("tier", "example1"),))] == 0
+    assert got[("kvtier_tier_errors_total", fs0)] == 0
+    # Histograms per tier and operation, fed by the engine's own timings.
+    for tier, op in (("primary", "lookup"), ("primary", "store"), ("fs0", "store"), ("fs0", "load")):
+        lab = (("operation", op), ("tier", tier))
+        assert got[("kvtier_operation_duration_seconds_count", lab)] == st["latency"][tier][op]["count"] > 0
+        assert got[("kvtier_operation_duration_seconds_sum", lab)] == pytest.approx(
+            st["latency"][tier][op]["sum"]
+        )
+        inf = ("kvtier_operation_duration_seconds_bucket", tuple(sorted((*lab, ("le", "+Inf")))))
+        assert got[inf] == st["latency"][tier][op]["count"]
     assert got[("kvtier_primary_slots", ())] == 4
     assert got[("kvtier_engine_inflight_jobs", ())] == st["jobs_inflight"]
     assert got[("kvtier_build_info", (("python", __import__("platform").python_version()),
                                       ("version", kvtier.__version__)))] == 1  # fmt: skip
+
+
+def test_real_replay_endpoint_serves_histograms_and_per_tier_series(tmp_path: Path) -> None:
+    """``replay`` with metrics port 0 (what ``kvtier replay --metrics-port 0`` runs), real mode with
+    fs + example tiers, scraped over HTTP after the last request and before the engine closes."""
+    from kvtier.config import load_config
+    from kvtier.keys import KeyNamespace
+    from kvtier.sim.replay import prepare_trace, replay
+    from kvtier.sim.trace import TraceRequest
+
+    config = load_config({
+        "cpu_bytes_to_use": 16 * BLOCK, "block_bytes": BLOCK,
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": str(tmp_path / "fs"), "max_bytes": "1MiB"},
+            {"type": "example"},
+        ],
+    })  # fmt: skip
+    # 40 prefixes of 4 blocks, each asked three times: the 16-slot primary tier cannot hold them all.
+    requests = [
+        TraceRequest(timestamp_ms=i, blocks=tuple(range(4 * (i % 40), 4 * (i % 40) + 4))) for i in range(120)
+    ]
+    trace = prepare_trace(requests, KeyNamespace.from_config(config, block_size=16), name="t")
+    urls: list[str] = []
+    scraped: list[str] = []
+
+    def hook(engine: Any, done: int, exporter: Any) -> None:
+        if done == trace.requests:
+            with urllib.request.urlopen(urls[0], timeout=5) as resp:
+                scraped.append(resp.read().decode())
+
+    rep = replay(trace, config, metrics_port=0, on_listen=urls.append, hook=hook, sync=True)
+    assert rep.mode == "real" and scraped
+    fams = {f.name: f for f in text_string_to_metric_families(scraped[-1])}
+    got = samples(scraped[-1])
+    hist = fams["kvtier_operation_duration_seconds"]
+    assert hist.type == "histogram"
+    counts = {
+        (s.labels["tier"], s.labels["operation"]): s.value for s in hist.samples if s.name.endswith("_count")
+    }
+    assert counts[("primary", "lookup")] == trace.requests
+    assert counts[("primary", "store")] > 0 and counts[("primary", "load")] > 0
+    assert counts[("fs0", "store")] > 0 and counts[("fs0", "load")] > 0 and counts[("example1", "store")] > 0
+    for s in hist.samples:  # plausible: cumulative buckets, a mean between 0 and a minute
+        if s.name.endswith("_sum"):
+            key = (s.labels["tier"], s.labels["operation"])
+            assert 0 <= s.value < 60 * max(counts[key], 1)
+    for (tier, op), n in counts.items():
+        lab = (("operation", op), ("tier", tier))
+        les = sorted(
+            (float(dict(k[1])["le"]), v)
+            for k, v in got.items()
+            if k[0] == "kvtier_operation_duration_seconds_bucket" and set(lab) <= set(k[1])
+        )
+        assert [v for _, v in les] == sorted(v for _, v in les) and les[-1] == (float("inf"), n)
+    fs0 = (("tier", "fs0"),)
+    assert got[("kvtier_promotions_total", fs0)] > 0
+    assert got[("kvtier_tier_errors_total", fs0)] == 0
+    assert got[("kvtier_inflight_jobs", fs0)] == 0  # sync replay: every job reported
+    assert 0 < got[("kvtier_tier_used_bytes", fs0)] <= got[("kvtier_tier_max_bytes", fs0)] == 1 << 20
+    for direction in ("read", "write"):
+        sample = ("kvtier_transfer_seconds_total", (("direction", direction), ("tier", "primary")))
+        assert 0 < got[sample] < rep.elapsed_seconds
 
 
 def test_exporter_on_port_zero_reports_its_url_and_serves() -> None:
@@ -251,7 +335,9 @@ def test_dashboard_declares_only_what_it_uses_and_units_fit() -> None:
                 assert unit == "percentunit", (p["title"], unit)
             if "histogram_quantile" in e or "duration_seconds_sum" in e:
                 assert unit == "s", (p["title"], unit)
-            if re.search(r"kvtier_[a-z_]+_bytes\b", e):
+            if re.search(r"kvtier_[a-z_]+_bytes\b.*/.*kvtier_[a-z_]+_bytes\b", e):
+                assert unit == "percentunit", (p["title"], unit)  # bytes over bytes: a share
+            elif re.search(r"kvtier_[a-z_]+_bytes\b", e):
                 assert unit in ("bytes", "decbytes"), (p["title"], unit)
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
     ids = [p["id"] for p in dash["panels"]]

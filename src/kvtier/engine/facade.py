@@ -14,6 +14,7 @@ components that never hold it (each module's docstring says what it owns)::
             ├─ EventLog               event queue, subscribers                   (engine.events)
             ├─ Residency              which blocks the tiers hold                (engine.residency)
             ├─ JobBook                tier jobs: submit, finish once, drain      (engine.jobs)
+            ├─ Latency                per-tier operation latency histograms      (engine.latency)
             ├─ TierWrites             per-tier write policies, slot reservation  (engine.writes)
             ├─ Admission              promotion share, cost gate                 (engine.admission)
             ├─ Serving                residency checks and pins for peers        (engine.serving)
@@ -52,6 +53,7 @@ from kvtier.engine.build import (
 )
 from kvtier.engine.events import EventLog
 from kvtier.engine.jobs import JobBook
+from kvtier.engine.latency import Latency
 from kvtier.engine.movers import KVMover
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
@@ -102,8 +104,8 @@ class Engine:
 
     Attributes:
         counters: the engine's counters by name (read them through :meth:`stats`).
-        jobs: the :class:`~kvtier.engine.jobs.JobBook`; ``admission``, ``writes``, ``serving``: the
-            promotion, write-policy and peer-serving components (see the module docstring).
+        jobs: the :class:`~kvtier.engine.jobs.JobBook`; ``admission``, ``writes``, ``serving``,
+            ``latency``: the promotion, write-policy, peer-serving and latency components.
     """
 
     def __init__(
@@ -147,9 +149,11 @@ class Engine:
         self._emit = self._events.emit
         self._scope = TenantScope(cfg.model, cfg.cache_salt).scope
         residency = Residency(self.primary)
+        self.latency = Latency([t.name for t in self.tiers])
         self.jobs = JobBook(
-            self.primary, self.tiers, ids, clock, self._emit, self.counters, residency, cfg.max_inflight_jobs
-        )
+            self.primary, self.tiers, ids, clock, self._emit, self.counters, residency, cfg.max_inflight_jobs,
+            self.latency,
+        )  # fmt: skip
         self.writes = TierWrites(
             self.primary,
             write_policies(cfg.write_policy, len(self.tiers), cfg.write_after_hits),
@@ -165,7 +169,7 @@ class Engine:
         self._mover = KVMover(
             self.primary, self.counters, self._lock, ids, cfg.max_inflight_jobs, check_open=self._check_open,
             scope=self._scope, prepare_store=self.prepare_store, complete_store=self.complete_store,
-            pin_leading=self._pin_leading, complete_load=self.complete_load,
+            pin_leading=self._pin_leading, complete_load=self.complete_load, latency=self.latency,
         )  # fmt: skip
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
@@ -206,6 +210,7 @@ class Engine:
 
     def _lookup_locked(self, ikeys: list[BlockKey], request: RequestContext | None) -> tuple[bytes, int]:
         """The body of :meth:`lookup` (lock held): per-key codes and the number pending."""
+        t0 = time.perf_counter()
         n = len(ikeys)
         pr = self.primary
         slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
@@ -247,6 +252,7 @@ class Engine:
         c["pending"] += npend
         c["retries"] += nretry
         c["misses"] += n - nhits - npend - nretry
+        self.latency.lookup.observe(time.perf_counter() - t0)
         return bytes(codes), npend
 
     def access(
@@ -572,26 +578,22 @@ class Engine:
         self._events.subscribe(callback)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``primary`` slot counts, per-tier stats by name, and engine counters.
+        """Counters: ``primary`` slot counts, per-tier stats by name, engine counters, ``latency``.
 
-        Each tier's entry is its ``get_stats()`` plus the engine's ``read_seconds``/``write_seconds``
-        (sum of ``JobResult.seconds`` of its load/store jobs), ``read_jobs``/``write_jobs`` and
-        ``promotions_skipped_cost`` (keys found there that the cost gate did not load).
+        Each tier's entry is its ``get_stats()`` plus the engine's totals of it (see
+        :class:`~kvtier.engine.jobs.TierIo`) and ``promotions_skipped_cost`` (keys found there that
+        the cost gate did not load); ``primary`` adds its timed copies and ``inflight_jobs``
+        (``submit_*_kv``); ``latency`` is :meth:`~kvtier.engine.latency.Latency.snapshot`.
         """
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-            out["primary"] = self.primary.counts()
+            out["primary"] = self.primary.counts() | self._mover.primary_io()
             out["primary"]["backing"] = self.primary.backing
-            tiers: dict[str, Any] = {}
-            for t, tier in enumerate(self.tiers):
-                try:
-                    d: dict[str, Any] = dict(tier.get_stats())
-                except Exception as exc:
-                    self.jobs.tier_error(t, "get_stats", exc)
-                    d = {}
-                d.update(self.jobs.tier_io(t))
-                d["promotions_skipped_cost"] = self.admission.skipped_cost[t]
-                tiers[tier.name] = d
-            out["tiers"] = tiers
+            skipped = self.admission.skipped_cost
+            out["tiers"] = {
+                tier.name: self.jobs.tier_stats(t) | {"promotions_skipped_cost": skipped[t]}
+                for t, tier in enumerate(self.tiers)
+            }
             out.update(self.jobs.counters())
+            out["latency"] = self.latency.snapshot()
             return out

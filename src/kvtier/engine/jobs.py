@@ -1,8 +1,10 @@
 """The job book: every tier job of one engine from submission to its one result.
 
-Owns the in-flight jobs (id -> tier, kind, keys, slots), the FIFO of store jobs waiting for budget,
-the job counters (``jobs_submitted``, ``jobs_finished``, ...), the per-tier I/O seconds and the
-rate-limited logging of tier failures. It applies each :class:`~kvtier.jobs.JobResult` exactly once:
+Owns the in-flight jobs (id -> tier, kind, keys, slots, start time), the FIFO of store jobs waiting
+for budget, the job counters (``jobs_submitted``, ``jobs_finished``, ...), the per-tier totals
+(:class:`TierIo`: I/O seconds, jobs in flight, errors, promotions) and the rate-limited logging of
+tier failures; it times each job from submission to its result into the engine's
+:class:`~kvtier.engine.latency.Latency`. It applies each :class:`~kvtier.jobs.JobResult` exactly once:
 a finished promotion makes its slots READY (or frees them), a finished store unpins its slots.
 
 It does not decide *what* to copy (the write policies in :mod:`kvtier.engine.writes` do) nor *whether*
@@ -18,6 +20,7 @@ the FIFO is full the oldest waiting store is given up (slots unpinned, ``tier_st
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.engine.latency import Latency
 from kvtier.engine.residency import Residency
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
@@ -49,20 +53,30 @@ class _Job:
     promotion: bool
     keys: list[BlockKey]
     slots: list[int]
+    started: float  # time.perf_counter() at submission
 
 
 @dataclass(slots=True)
 class TierIo:
-    """Engine-side I/O totals of one tier, over every reported job.
+    """Engine-side totals of one tier.
 
     ``read`` is tier -> primary (promotions), ``write`` is primary -> tier (stores); seconds are the
-    sum of the tiers' ``JobResult.seconds``.
+    sum of the tiers' ``JobResult.seconds`` over every reported job. ``inflight_jobs``: submitted,
+    not yet reported (:meth:`JobBook.tier_io` adds ``deferred_stores``, stores waiting for budget);
+    ``errors``: calls to the tier that raised (each answered as a miss); ``jobs_failed``: jobs it
+    reported failed; ``promotions`` / ``promotions_failed``: blocks its load jobs did / did not
+    bring into the primary tier.
     """
 
     read_seconds: float = 0.0
     write_seconds: float = 0.0
     read_jobs: int = 0
     write_jobs: int = 0
+    inflight_jobs: int = 0
+    errors: int = 0
+    jobs_failed: int = 0
+    promotions: int = 0
+    promotions_failed: int = 0
 
 
 class JobBook:
@@ -77,6 +91,7 @@ class JobBook:
         counters: the engine's counters (``tier_errors``, ``promotions``, ``promotions_failed``).
         residency: told when a promotion lands and when a store's copy is lost.
         max_inflight: the job budget (``max_inflight_jobs``).
+        latency: where each job's duration (submission to result) is observed.
     """
 
     def __init__(
@@ -89,6 +104,7 @@ class JobBook:
         counters: dict[str, int],
         residency: Residency,
         max_inflight: int,
+        latency: Latency,
     ) -> None:
         self._primary = primary
         self._tiers = tiers
@@ -98,6 +114,7 @@ class JobBook:
         self._counters = counters
         self._residency = residency
         self.max_inflight = max_inflight
+        self._latency = latency
         self.max_deferred = 4 * max_inflight
         self.jobs: dict[int, _Job] = {}
         self.deferred: deque[tuple[int, list[BlockKey], list[int], Any]] = deque()
@@ -121,18 +138,26 @@ class JobBook:
         return out
 
     def tier_io(self, t: int) -> dict[str, float | int]:
-        """Seconds and jobs per direction of tier ``t`` (see :class:`TierIo`)."""
-        io = self.tier_io_totals[t]
-        return {
-            "read_seconds": io.read_seconds,
-            "write_seconds": io.write_seconds,
-            "read_jobs": io.read_jobs,
-            "write_jobs": io.write_jobs,
-        }
+        """The engine's totals of tier ``t`` (see :class:`TierIo`)."""
+        out: dict[str, float | int] = dataclasses.asdict(self.tier_io_totals[t])
+        out["deferred_stores"] = sum(1 for d in self.deferred if d[0] == t)
+        return out
+
+    def tier_stats(self, t: int) -> dict[str, Any]:
+        """Tier ``t``'s ``get_stats()`` (empty when it raises: counted as an error) plus :meth:`tier_io`."""
+        try:
+            out: dict[str, Any] = dict(self._tiers[t].get_stats())
+        except Exception as exc:
+            self.tier_error(t, "get_stats", exc)
+            out = {}
+        out.update(self.tier_io(t))
+        return out
 
     def tier_error(self, t: int, what: str, exc: BaseException) -> None:
         """Count a tier failure; log it at most once a minute per (tier, operation)."""
         self._counters["tier_errors"] += 1
+        if t < len(self.tier_io_totals):
+            self.tier_io_totals[t].errors += 1
         now = time.monotonic()
         if now - self._logged.get((t, what), -_LOG_EVERY) >= _LOG_EVERY:
             self._logged[(t, what)] = now
@@ -148,7 +173,8 @@ class JobBook:
         Returns False when the tier refused the job (it is then finished as failed: slots freed).
         """
         job_id = self._ids()
-        self.jobs[job_id] = _Job(t, True, keys, slots)
+        self.jobs[job_id] = _Job(t, True, keys, slots, time.perf_counter())
+        self.tier_io_totals[t].inflight_jobs += 1
         self.promotions_inflight += 1
         self.job_counts["jobs_submitted"] += 1
         try:
@@ -176,7 +202,8 @@ class JobBook:
 
     def _submit_store_now(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
         job_id = self._ids()
-        self.jobs[job_id] = _Job(t, False, keys, slots)
+        self.jobs[job_id] = _Job(t, False, keys, slots, time.perf_counter())
+        self.tier_io_totals[t].inflight_jobs += 1
         self.job_counts["jobs_submitted"] += 1
         try:
             job = TransferJob(
@@ -209,8 +236,10 @@ class JobBook:
             )
             return
         del self.jobs[result.job_id]
+        self._latency.job(t, rec.promotion, time.perf_counter() - rec.started)
         name = self._tiers[t].name
         io = self.tier_io_totals[t]
+        io.inflight_jobs -= 1
         secs = result.seconds if isinstance(result.seconds, float | int) else 0.0  # a sloppy tier's None
         if rec.promotion:
             io.read_seconds += secs
@@ -221,6 +250,7 @@ class JobBook:
         self.job_counts["jobs_finished"] += 1
         if not result.success:
             self.job_counts["jobs_failed"] += 1
+            io.jobs_failed += 1
         bad_keys: list[BlockKey] = []
         bad_slots: list[int] = []
         if result.success and result.successful_keys is None:
@@ -243,6 +273,8 @@ class JobBook:
             pr.abort(bad_keys, bad_slots)
             self._counters["promotions"] += len(ok_keys)
             self._counters["promotions_failed"] += len(bad_keys)
+            io.promotions += len(ok_keys)
+            io.promotions_failed += len(bad_keys)
             if ok_keys:
                 self._emit("promoted", ok_keys, name)
             if bad_keys:

@@ -4,7 +4,9 @@
 blocks of an inference engine's KV cache described by a :class:`~kvtier.transfer.movers.KVLayout`;
 ``submit_*_kv`` run the same on a :class:`~kvtier.transfer.pool.TransferPool` (created on first
 use, owned here). Each is ``prepare_*`` under the engine's lock, the copy outside it (the slots are
-WRITING or pinned, so nobody else touches them), then ``complete_*``.
+WRITING or pinned, so nobody else touches them), then ``complete_*``; each of the four byte-moving
+calls is timed into the primary tier's ``load`` or ``store`` histogram of the engine's
+:class:`~kvtier.engine.latency.Latency`.
 
 :class:`KVMover` is given the primary tier, the engine's counters and lock, the job-id source, the
 tenant scoping and four callables of the slot protocol (``prepare_store``, ``complete_store``,
@@ -14,12 +16,15 @@ that protocol. The engine exposes its methods under the same names and signature
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
+from kvtier.engine.latency import Latency
 from kvtier.engine.types import LoadHandle, RequestContext, StoreHandle
 from kvtier.errors import MisuseError
 from kvtier.keys import BlockInfo, BlockKey
@@ -31,6 +36,27 @@ __all__ = ["KVMover"]
 
 Keys = Sequence[BlockKey]
 Infos = Sequence[BlockInfo | None] | None
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _timed(
+    op: str,
+) -> Callable[[Callable[Concatenate[KVMover, P], R]], Callable[Concatenate[KVMover, P], R]]:
+    """Observe each call's wall time (returned or raised) in the primary tier's ``op`` histogram."""
+
+    def wrap(fn: Callable[Concatenate[KVMover, P], R]) -> Callable[Concatenate[KVMover, P], R]:
+        def run(mover: KVMover, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            t0 = time.perf_counter()
+            try:
+                return fn(mover, *args, **kwargs)
+            finally:
+                getattr(mover.latency, op).observe(time.perf_counter() - t0)
+
+        functools.update_wrapper(run, fn)  # the docs show the wrapped call's name and docstring
+        return run
+
+    return wrap
 
 
 class KVMover:
@@ -46,6 +72,7 @@ class KVMover:
         scope: the engine-internal keys of a request.
         prepare_store, complete_store, pin_leading, complete_load: the engine's slot protocol
             (``pin_leading`` pins the longest leading run of readable keys).
+        latency: the engine's histograms (the primary tier's ``load``/``store`` are observed here).
     """
 
     def __init__(
@@ -62,6 +89,7 @@ class KVMover:
         complete_store: Callable[[StoreHandle, bool], None],
         pin_leading: Callable[[Keys, RequestContext | None], LoadHandle],
         complete_load: Callable[[LoadHandle], None],
+        latency: Latency,
     ) -> None:
         self.primary = primary
         self.block_bytes = primary.block_bytes
@@ -75,6 +103,7 @@ class KVMover:
         self.complete_store = complete_store
         self._pin_leading = pin_leading
         self.complete_load = complete_load
+        self.latency = latency
         #: The worker pool of ``submit_*_kv`` (``None`` until first used).
         self.pool: TransferPool | None = None
 
@@ -82,6 +111,7 @@ class KVMover:
     def _needs_bytes(self) -> bool:
         return self.primary.backing != "none"
 
+    @_timed("store")
     def store_blocks(
         self,
         keys: Sequence[BlockKey],
@@ -107,6 +137,7 @@ class KVMover:
         self.complete_store(h, True)
         return len(h.keys)
 
+    @_timed("load")
     def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
         """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
         h = self._pin_leading(keys, request)
@@ -121,6 +152,7 @@ class KVMover:
             self.complete_load(h)
         return len(h.slots)
 
+    @_timed("store")
     def store_kv(
         self,
         keys: Sequence[BlockKey],
@@ -143,6 +175,7 @@ class KVMover:
         self.complete_store(h, True)
         return len(h.keys)
 
+    @_timed("load")
     def load_kv(
         self,
         keys: Sequence[BlockKey],
@@ -212,6 +245,13 @@ class KVMover:
             return keys[:n]
 
         return pool.submit(run, kind=LOAD, keys=keys, nbytes=len(keys) * layout.block_bytes)
+
+    def primary_io(self) -> dict[str, float | int]:
+        """The primary tier's timed copies (:meth:`Latency.primary_io`) and ``inflight_jobs``: the
+        ``submit_*_kv`` jobs queued or running."""
+        out = self.latency.primary_io()
+        out["inflight_jobs"] = self.pool.inflight if self.pool is not None else 0
+        return out
 
     def poll_transfers(self) -> list[Any]:
         """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""

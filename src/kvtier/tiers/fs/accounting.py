@@ -182,6 +182,8 @@ class SharedAccounting:
         self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
         self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
         self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
+        #: Bytes of the whole tree (every process) as of our last section; read without the lock.
+        self.last_usage = 0
         self.events_lost = 0
         self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
         self._epoch = 0
@@ -257,6 +259,7 @@ class SharedAccounting:
         os.pwrite(self._fd, data, 0)
         self._size = len(data)
         self._last = (data, st)
+        self.last_usage = st.usage
         if self.fsync:
             os.fsync(self._fd)
 

@@ -326,10 +326,16 @@ class FsTier(AsyncTier):
             return set(self.index.sizes)
 
     def get_stats(self) -> dict[str, int]:
+        """Counters plus ``index_blocks``/``index_bytes`` (what this process's index holds),
+        ``used_bytes`` (the whole shared tree, every process, as of this process's last accounting
+        section: never a lock taken here) and ``max_bytes`` when bounded."""
         with self._lock:  # workers resize the index concurrently
             d = self.stats.as_dict()
             d["index_blocks"] = len(self.index.sizes)
             d["index_bytes"] = sum(self.index.sizes.values())
+        d["used_bytes"] = self.accounting.last_usage
+        if self.max_bytes is not None:
+            d["max_bytes"] = self.max_bytes
         d["acct_sections"] = self.accounting.sections
         d["scan_done"] = int(self.index.scan_done)
         d["scan_files"] = self.scan_files
