@@ -81,7 +81,7 @@ def test_every_bucket_counts_the_durations_at_or_below_its_bound(values: list[fl
 
 
 def test_concurrent_observers_lose_no_count() -> None:
-    h = Histogram()
+    h = Histogram(threading.Lock())  # as the primary load/store histograms the copy workers share
     per, workers = 5000, 4
 
     def run() -> None:

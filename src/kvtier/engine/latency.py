@@ -16,10 +16,12 @@ virtual clock, so a simulation reports what the engine itself cost):
 * a secondary tier's ``load`` / ``store``: one job, from its submission to the engine applying its
   result (``poll``/``drain``), so the figure includes how long the result waited to be collected.
 
-Observing is one bisection and three updates under a per-histogram lock (uncontended in the engine's
-single-threaded use; the mover's workers may observe concurrently), so it never serialises callers
-on the engine's lock. The bounds are fixed (1-2.5-5 steps from 1 µs to 50 s): the histograms of every
-engine and tier aggregate in Prometheus without any agreement beyond this module.
+Observing is one bisection and three updates. The lookup and job histograms are only touched under
+the engine's lock (observed in ``lookup``/``poll``, read by ``stats()``), so they take no lock of
+their own; the primary ``load``/``store`` ones are observed outside it, also from ``submit_*_kv``
+workers, and take a lock of their own (uncontended in practice). The bounds are fixed (1-2.5-5
+steps from 1 µs to 50 s): the histograms of every engine and tier aggregate in Prometheus without
+any agreement beyond this module.
 """
 
 from __future__ import annotations
@@ -40,30 +42,45 @@ TIER_OPS = ("load", "store")
 
 
 class Histogram:
-    """Counts of durations per bucket of :data:`BOUNDS`, their sum and number. Thread-safe."""
+    """Counts of durations per bucket of :data:`BOUNDS`, their sum and number.
+
+    Args:
+        lock: taken by :meth:`observe` and :meth:`snapshot`, for a histogram observed from several
+            threads; ``None`` (the default) when the caller already serialises every call (the
+            engine's lock), which saves the lock's cost on the lookup path.
+    """
 
     __slots__ = ("_counts", "_lock", "count", "total")
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock | None = None) -> None:
         self._counts = [0] * (len(BOUNDS) + 1)  # per bucket, not cumulative; the last is +inf
-        self._lock = threading.Lock()
+        self._lock = lock
         self.count = 0
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
         """Count one duration (a negative one, from a clock step, counts as 0)."""
-        seconds = max(seconds, 0.0)
+        if seconds < 0.0:
+            seconds = 0.0
         i = bisect_left(BOUNDS, seconds)
-        with self._lock:
+        lock = self._lock
+        if lock is None:
+            self._counts[i] += 1
+            self.count += 1
+            self.total += seconds
+            return
+        with lock:
             self._counts[i] += 1
             self.count += 1
             self.total += seconds
 
     def snapshot(self) -> dict[str, Any]:
         """``{"buckets": [[bound, cumulative], ..., [inf, count]], "sum": s, "count": n}``."""
-        with self._lock:
-            counts = list(self._counts)
-            total = self.total
+        if self._lock is None:
+            counts, total = list(self._counts), self.total
+        else:
+            with self._lock:
+                counts, total = list(self._counts), self.total
         buckets: list[list[float | int]] = []
         running = 0
         for bound, n in zip((*BOUNDS, math.inf), counts, strict=True):
@@ -78,6 +95,8 @@ class Latency:
     Args:
         tier_names: the secondary tiers' names, by index (the engine's ``tiers``).
 
+    :meth:`job`, ``lookup.observe`` and :meth:`snapshot` run under the engine's lock.
+
     Attributes:
         lookup, load, store: the primary tier's histograms.
         tiers: per secondary tier index, ``{"load": Histogram, "store": Histogram}``.
@@ -86,8 +105,8 @@ class Latency:
     def __init__(self, tier_names: Sequence[str]) -> None:
         self.names = list(tier_names)
         self.lookup = Histogram()
-        self.load = Histogram()
-        self.store = Histogram()
+        self.load = Histogram(threading.Lock())
+        self.store = Histogram(threading.Lock())
         self.tiers: list[dict[str, Histogram]] = [{op: Histogram() for op in TIER_OPS} for _ in tier_names]
 
     def job(self, t: int, promotion: bool, seconds: float) -> None:
