@@ -29,8 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 import kvtier  # noqa: E402
 from kvtier.engine import Engine  # noqa: E402
-from kvtier.keys import BlockKey  # noqa: E402
+from kvtier.keys import BlockKey, LookupResult  # noqa: E402
 from kvtier.metrics import METRICS, register_collector, start_exporter  # noqa: E402
+from kvtier.tiers.base import TierContext  # noqa: E402
+from kvtier.tiers.example import ExampleTier  # noqa: E402
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana-dashboard.json"
 BLOCK = 4096
@@ -342,3 +344,47 @@ def test_dashboard_declares_only_what_it_uses_and_units_fit() -> None:
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# -- tier errors from a real engine; the host-registry recipe in the docs ---------------------------
+
+
+class _RaisingLookupTier(ExampleTier):
+    """The example tier whose lookup raises (a dead backend); its calls are answered as misses."""
+
+    def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
+        raise ConnectionError("backend gone")
+
+
+def test_tier_errors_of_a_real_engine_are_exported_per_tier() -> None:
+    def bad(view: memoryview) -> ExampleTier:
+        return _RaisingLookupTier(primary_kv_view=view, context=TierContext("bad", BLOCK))
+
+    def good(view: memoryview) -> ExampleTier:
+        return ExampleTier(primary_kv_view=view, context=TierContext("good", BLOCK))
+
+    with Engine({"cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK}, tiers=[bad, good]) as e:
+        e.lookup(_keys(3))
+        st = e.stats()
+        got = samples(exposition(e.stats())[0])
+    assert got[("kvtier_tier_errors_total", (("tier", "bad"),))] == st["tiers"]["bad"]["errors"] >= 1
+    assert got[("kvtier_tier_errors_total", (("tier", "good"),))] == 0
+    assert got[("kvtier_engine_tier_errors_total", ())] == st["tier_errors"] == st["tiers"]["bad"]["errors"]
+
+
+def test_docs_recipe_for_a_host_registry_runs_as_written() -> None:
+    docs = Path(__file__).parents[2] / "docs" / "replay.md"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", docs.read_text(), flags=re.S) if "REGISTRY" in b]
+    assert len(blocks) == 1, "docs/replay.md shows how to register on a host's registry"
+    assert "register_collector" in (Path(__file__).parents[2] / "README.md").read_text()
+    # The elided serving part becomes a scrape of the host's default registry, as vLLM's /metrics does.
+    probe = "assert 'kvtier_lookups_total 1.0' in __import__('prometheus_client').generate_latest().decode()"
+    code = re.sub(r"^\.\.\.$", probe, blocks[0], flags=re.M)
+    assert probe in code
+    with Engine({"cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK}) as engine:
+        engine.lookup(_keys(1))
+        scope: dict[str, Any] = {"engine": engine}
+        exec(compile(code, str(docs), "exec"), scope)
+    from prometheus_client import REGISTRY
+
+    assert scope["collector"] not in getattr(REGISTRY, "_collector_to_names", {}), "left registered"
