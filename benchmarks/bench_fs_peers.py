@@ -60,12 +60,11 @@ from typing import Any
 
 import numpy as np
 
-from peers_fs import LMCacheDisk, RawFiles, VllmFs, evict_page_cache, lmcache_reason, vllm_reason
-
 from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.fs import FsTier
+from peers_fs import LMCacheDisk, RawFiles, VllmFs, evict_page_cache, lmcache_reason, vllm_reason
 
 MIB = 1 << 20
 PHASES = ("store", "load_warm", "load_cold")
@@ -131,8 +130,9 @@ def bench_config(
     view = memoryview(rows)
     src, dst = list(range(blocks)), list(range(blocks, 2 * blocks))
     cfg = f"{_tag(block_bytes)}-t{threads}"
+    capacity = 4 * blocks * (block_bytes + 8192) * rounds  # bounded, never full: no eviction timed
     makers: dict[str, Callable[[str], Any]] = {
-        "kvtier": lambda d: KvtierFs(d, view, block_bytes, threads, direct, 4 * blocks * (block_bytes + 8192) * rounds, job_blocks),
+        "kvtier": lambda d: KvtierFs(d, view, block_bytes, threads, direct, capacity, job_blocks),
         "raw": lambda d: RawFiles(d, rows, threads, direct),
     }  # fmt: skip
     if "vllm" not in skip:
@@ -168,13 +168,14 @@ def bench_config(
                     mbps[name][phase].append(mb / (time.perf_counter() - t0))
                     if hasattr(s, "after_load"):
                         s.after_load()
-                    if not np.array_equal(rows[blocks], rows[0]) or not np.array_equal(rows[-1], rows[blocks - 1]):
+                    if not np.array_equal(rows[blocks], rows[0]) or not np.array_equal(
+                        rows[-1], rows[blocks - 1]
+                    ):
                         raise RuntimeError(f"{name} returned wrong bytes ({phase}, {cfg})")
     finally:
         for s in systems.values():
             with contextlib.suppress(Exception):
                 s.close()
-        del view
     ratios = {}
     for peer in names:
         if peer == "kvtier":

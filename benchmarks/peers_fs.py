@@ -46,7 +46,9 @@ def vllm_reason() -> str | None:
             warnings.simplefilter("ignore")
             from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager  # noqa: F401
     except Exception as exc:  # an import error or a broken install: report it, skip the peer
-        return f"vllm fs tier not importable ({type(exc).__name__}: {exc}); pip install --no-deps vllm==0.33.0"
+        return (
+            f"vllm fs tier not importable ({type(exc).__name__}: {exc}); pip install --no-deps vllm==0.33.0"
+        )
     return None
 
 
@@ -126,7 +128,8 @@ class VllmFs:
             worker_kv_bytes_per_block=block_bytes, enable_kv_cache_events=False,
             extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": view.nbytes,
                           "secondary_tiers": []},
-            engine_id=f"bench-{os.getpid()}", model=c.OffloadingModelConfig(name="bench/model", dtype="float16"),
+            engine_id=f"bench-{os.getpid()}",
+            model=c.OffloadingModelConfig(name="bench/model", dtype="float16"),
             cache=c.OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
             parallel=c.OffloadingParallelConfig(
                 rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
@@ -138,7 +141,12 @@ class VllmFs:
         self.job_blocks = job_blocks
         half = max(1, threads // 2)  # read- and write-priority groups: `threads` in all
         self.tier = FileSystemTierManager(
-            TieringOffloadingSpec(cfg), view, "fs", root, n_read_threads=half, n_write_threads=threads - half or 1
+            TieringOffloadingSpec(cfg),
+            view,
+            "fs",
+            root,
+            n_read_threads=half,
+            n_write_threads=threads - half or 1,
         )
         if not direct:
             self.tier._use_o_direct = False  # no option exists; the benchmark's --buffered run
@@ -154,7 +162,11 @@ class VllmFs:
             self._ids += 1
             ks = [self._key(k, 0) for k in keys[lo : lo + self.job_blocks]]
             chunks = np.asarray(slots[lo : lo + self.job_blocks], dtype=np.int64)
-            submit(self._job(job_id=self._ids, keys=ks, chunk_ids=chunks, is_promotion=load, req_context=self._ctx))
+            submit(
+                self._job(
+                    job_id=self._ids, keys=ks, chunk_ids=chunks, is_promotion=load, req_context=self._ctx
+                )
+            )
             n += 1
         bad = 0
         while n:

@@ -4,10 +4,11 @@ Each block is one ``preadv`` of header + payload, the payload straight into its 
 (:func:`~kvtier.tiers.fs.io.read_block`), with ``O_DIRECT`` when the tier reads directly (``read_io``;
 by default exactly when it writes with ``O_DIRECT``: those files have nothing in the page cache, and
 one direct read of the whole file runs at the device's rate where a buffered one is split into
-readahead windows) and the slot is page-aligned. The header is always checked and the checksum too unless ``verify="never"``. A missing file (another process
-evicted it) is forgotten; a corrupt one is counted in ``stats.corrupt``, removed and forgotten: both
-are misses, never wrong bytes. Loaded blocks are refreshed in the policy and, at most once a
-minute, in their file's mtime, so a restart keeps the access order.
+readahead windows) and the slot is page-aligned. The header is always checked and the checksum
+too unless ``verify="never"``. A missing file (another process evicted it) is forgotten; a
+corrupt one is counted in ``stats.corrupt``, removed and forgotten: both are misses, never wrong
+bytes. Loaded blocks are refreshed in the policy and, at most once a minute, in their file's
+mtime, so a restart keeps the access order.
 """
 
 from __future__ import annotations
