@@ -148,8 +148,8 @@ def bench_size(
     with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
         fs = eng.tiers[0]
         assert isinstance(fs, FsTier)
-        # Steady state: the tier pre-creates its shard directories in the background after start;
-        # a long-running cache has them, so the timed rounds start once that is done.
+        # Steady state: the timed rounds start once the start-up scan is done (and, with
+        # precreate_dirs: true, the background pre-creation of the shard directories).
         fs.tree_ready.wait(60)
         direct = fs.direct_io
         for r in range(repeat):

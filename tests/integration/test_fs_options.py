@@ -22,6 +22,8 @@ BAD = [
     ("record_access", "yes"),
     ("fsync", 1),
     ("precreate_dirs", "no"),
+    ("read_io", "fast"),
+    ("read_io", True),
     ("shared_root", "true"),
     ("log_interval", 0),
     ("max_bytes", "999999999PiB"),
@@ -69,3 +71,37 @@ def test_two_fs_tiers_on_one_root_dir_are_refused(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match=r"secondary_tiers\[1\]\.root_dir"):
         Engine(cfg)
+
+
+@pytest.mark.parametrize(
+    ("direct_io", "read_io"), [("auto", "auto"), ("never", "auto"), ("auto", "buffered"), ("never", "direct")]
+)
+def test_every_read_mode_returns_the_stored_bytes_and_still_catches_a_flipped_byte(
+    tmp_path: Path, direct_io: str, read_io: str
+) -> None:
+    # Real files on the test's file system: where it refuses O_DIRECT (tmpfs) every mode reads
+    # buffered, which the read_direct flag shows; the bytes must be right either way.
+    primary = h.aligned_primary(4, BLOCK)
+    tier = h.make_tier(primary, tmp_path / "root", direct_io=direct_io, read_io=read_io)
+    try:
+        if read_io == "auto":
+            assert tier.read_direct == tier.direct_io  # direct reads exactly when writes are
+        elif read_io == "buffered":
+            assert tier.read_direct is False
+        keys = [h.key_of(f"mode-{i}") for i in range(3)]
+        assert h.store(tier, primary, keys).success
+        res = h.load(tier, primary, keys)
+        assert res.success
+        for slot, k in enumerate(keys):
+            assert (primary.block(slot) == h.payload_of(k, BLOCK)).all()
+        path = tier.layout.path_of(keys[1])
+        with open(path, "r+b") as f:  # flip one payload byte: the checksum must catch it
+            f.seek(-1, 2)
+            last = f.read(1)
+            f.seek(-1, 2)
+            f.write(bytes([last[0] ^ 0xFF]))
+        res = h.load(tier, primary, keys)
+        assert not res.success and keys[1] not in (res.successful_keys or ())
+        assert tier.stats.corrupt == 1
+    finally:
+        tier.shutdown()

@@ -24,14 +24,20 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _tls = threading.local()
 
 
+def _aligned_buffer(name: str, n: int) -> memoryview:
+    """A page-aligned buffer of ``n`` bytes (O_DIRECT needs aligned memory), one per thread and use."""
+    buf: mmap.mmap | None = getattr(_tls, name, None)
+    if buf is None or len(buf) < n:
+        buf = mmap.mmap(-1, max(HEADER_ALIGN, n))
+        setattr(_tls, name, buf)
+    return memoryview(buf)[:n]
+
+
 def _aligned_header(head: bytes) -> memoryview:
-    """Page-aligned copy of ``head`` (O_DIRECT needs aligned memory); one buffer per thread."""
-    buf: mmap.mmap | None = getattr(_tls, "hbuf", None)
-    if buf is None or len(buf) < len(head):
-        buf = mmap.mmap(-1, max(HEADER_ALIGN, len(head)))
-        _tls.hbuf = buf
-    buf[: len(head)] = head
-    return memoryview(buf)[: len(head)]
+    """Page-aligned copy of ``head`` (for an O_DIRECT write)."""
+    view = _aligned_buffer("hbuf", len(head))
+    view[:] = head
+    return view
 
 
 def write_block(
@@ -85,23 +91,37 @@ def _with_mac(head: bytes, key_len: int, payload: memoryview, mac: BlockMac) -> 
 
 
 def read_block(
-    fd: int, key: bytes, out: memoryview, ns_tag: int, *, verify: bool, mac: BlockMac | None = None
+    fd: int,
+    key: bytes,
+    out: memoryview,
+    ns_tag: int,
+    *,
+    verify: bool,
+    size: int,
+    direct: bool = False,
+    mac: BlockMac | None = None,
 ) -> int:
-    """Fill ``out`` with ``key``'s payload from open block file ``fd`` and return the file size.
+    """Fill ``out`` with ``key``'s payload from open block file ``fd`` of ``size`` bytes (its
+    ``fstat`` size) and return the file size.
 
-    ``fd`` comes from :meth:`~kvtier.tiers.fs.safe.SafeTree.open_block` (checked regular file; the
-    caller closes it). Raises :class:`~kvtier.codec.CorruptBlockError` (the
-    file is not exactly this key's block of this namespace: wrong length, header, key, namespace or
-    checksum; ``out`` then holds garbage) or another ``OSError`` (I/O error).
+    ``fd`` comes from :meth:`~kvtier.tiers.fs.safe.SafeTree.open_block` (checked regular file, its
+    size known; the caller closes it). ``direct``: ``fd`` was opened with ``O_DIRECT`` (the caller
+    checked that ``out``'s address and length are page multiples); the header is then read into a
+    page-aligned per-thread buffer. Either way the header and the payload come in one ``preadv``
+    straight into their buffers. Raises :class:`~kvtier.codec.CorruptBlockError` (the file is not
+    exactly this key's block of this namespace: wrong length, header, key, namespace or checksum;
+    ``out`` then holds garbage) or another ``OSError`` (I/O error).
     """
     n = out.nbytes
     hlen = codec.header_size(len(key), HEADER_ALIGN)
-    head = bytearray(hlen)
-    extra = bytearray(1)  # a byte past the end: filled only when the file is too long (no fstat)
-    got = os.preadv(fd, [head, out, extra], 0)
-    if got != hlen + n:
-        what = f"{got} bytes" if got < hlen + n else "longer"
-        raise codec.CorruptBlockError("length", f"file is {what}, expected {hlen + n} bytes")
+    if size != hlen + n:
+        what = "shorter" if size < hlen + n else "longer"
+        raise codec.CorruptBlockError("length", f"file is {what} ({size} bytes), expected {hlen + n} bytes")
+    hbuf = _aligned_buffer("rbuf", hlen) if direct else bytearray(hlen)
+    got = os.preadv(fd, [hbuf, out], 0)
+    if got != hlen + n:  # changed under us (files are never rewritten in place): not this block
+        raise codec.CorruptBlockError("length", f"read {got} bytes, expected {hlen + n} bytes")
+    head = bytes(hbuf[:hlen]) if direct else hbuf
     header = codec.parse_header(head, expected_key=key, ns_tag=ns_tag, payload_len=n)
     if header.header_len != hlen:
         raise codec.CorruptBlockError("header", f"header length {header.header_len}, expected {hlen}")

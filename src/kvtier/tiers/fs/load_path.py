@@ -1,10 +1,14 @@
 """The fs tier's load path: read block files straight into primary slots, verified.
 
-Each block is one ``preadv`` into its slot (:func:`~kvtier.tiers.fs.io.read_block`); the header is
-always checked and the checksum too unless ``verify="never"``. A missing file (another process
-evicted it) is forgotten; a corrupt one is counted in ``stats.corrupt``, removed and forgotten: both
-are misses, never wrong bytes. Loaded blocks are refreshed in the policy and, at most once a
-minute, in their file's mtime, so a restart keeps the access order.
+Each block is one ``preadv`` of header + payload, the payload straight into its slot
+(:func:`~kvtier.tiers.fs.io.read_block`), with ``O_DIRECT`` when the tier reads directly (``read_io``;
+by default exactly when it writes with ``O_DIRECT``: those files have nothing in the page cache, and
+one direct read of the whole file runs at the device's rate where a buffered one is split into
+readahead windows) and the slot is page-aligned. The header is always checked and the checksum
+too unless ``verify="never"``. A missing file (another process evicted it) is forgotten; a
+corrupt one is counted in ``stats.corrupt``, removed and forgotten: both are misses, never wrong
+bytes. Loaded blocks are refreshed in the policy and, at most once a minute, in their file's
+mtime, so a restart keeps the access order.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from kvtier import codec
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.fs.io import read_block
+from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.safe import ForeignFileError
 
@@ -36,6 +41,7 @@ class LoadPath:
         rows: the primary buffer as rows; block_bytes: payload bytes per block.
         verify: check every payload checksum (else the header only).
         record_access: refresh a loaded file's mtime (at most once a minute per block).
+        direct_io: read with ``O_DIRECT`` when a slot is page-aligned (else buffered, same bytes).
     """
 
     def __init__(
@@ -46,8 +52,10 @@ class LoadPath:
         block_bytes: int,
         verify: bool,
         record_access: bool,
+        direct_io: bool = False,
     ) -> None:
         self.rows = rows
+        self.direct_io = direct_io and block_bytes % HEADER_ALIGN == 0
         self.block_bytes = block_bytes
         self.verify = verify
         self.record_access = record_access
@@ -74,7 +82,9 @@ class LoadPath:
         """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
         path = self.parts.layout.path_of(key)
         try:
-            fd = self.parts.accounting.tree.open_block(path)
+            slot_bytes = self.rows[slot, : self.block_bytes]
+            direct = self.direct_io and slot_bytes.ctypes.data % HEADER_ALIGN == 0
+            fd, size = self.parts.accounting.tree.open_block(path, direct=direct)
         except FileNotFoundError:
             self._drop_stale(key)
             return "missing"
@@ -90,8 +100,10 @@ class LoadPath:
             self.parts.rlog.warning("read", f"kvtier fs {self.parts.name}: read failed for {path}: {exc}")
             return f"read error: {exc.strerror or exc}"
         try:
-            slot_bytes = self.rows[slot, : self.block_bytes].data
-            read_block(fd, key, slot_bytes, self.parts.layout.ns_tag, verify=self.verify, mac=self.parts.mac)
+            read_block(
+                fd, key, slot_bytes.data, self.parts.layout.ns_tag, verify=self.verify, size=size,
+                direct=direct, mac=self.parts.mac,
+            )  # fmt: skip
             # The access order survives a restart through mtime. Refreshing it costs an inode
             # write, so it is done at most once a minute per block (restart order is that coarse).
             last = self.parts.index.access.get(key, 0.0)

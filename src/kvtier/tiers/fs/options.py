@@ -12,12 +12,18 @@ import os
 from kvtier.errors import ConfigError
 from kvtier.tiers.async_tier import check_seconds
 
-__all__ = ["check_bool", "check_max_bytes", "check_seconds", "root_path"]
+__all__ = ["check_bool", "check_choice", "check_max_bytes", "check_seconds", "root_path"]
 
 
 def check_bool(key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(key, f"expected true or false, got {value!r}")
+    return value
+
+
+def check_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(key, f"expected one of {', '.join(choices)}, got {value!r}")
     return value
 
 

@@ -179,11 +179,21 @@ class StorePath:
         self._settle_abandoned(state)
         with self._lock:
             self._pub_q.append(state)
-        with self._pub_lock:
+        # Leader-style group commit: a worker never waits for another's publication. If one is
+        # under way, its thread picks our job up when it looks at the queue again after
+        # releasing the lock (below), so this worker goes back to writing at once; a waiting
+        # worker is a worker not writing, which cost a quarter of the store time at 4 threads.
+        while self._pub_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    batch, self._pub_q = self._pub_q, []
+                if batch:
+                    self._publish_jobs(batch)
+            finally:
+                self._pub_lock.release()
             with self._lock:
-                batch, self._pub_q = self._pub_q, []
-            if batch:  # empty: a thread that held the lock before us published ours too
-                self._publish_jobs(batch)
+                if not self._pub_q:  # anything appended after this check finds the lock free
+                    return
 
     def _settle_abandoned(self, state: JobState) -> None:
         """A chunk that raised (a bug, not an I/O error) skipped its blocks: take the job out of
