@@ -24,8 +24,10 @@ from __future__ import annotations
 import contextlib
 import glob
 import inspect
+import json
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -204,9 +206,18 @@ def fs_tier(root: Path, **more: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def stack(kvtier: Mapping[str, Any], *, chunks: int = 8, events: bool = False) -> Iterator[Scheduler]:
-    """vLLM's factory builds the spec; a worker process maps the region; then the manager."""
-    cfg = offloading_config(extra(kvtier, chunks))
+def stack(
+    kvtier: Mapping[str, Any],
+    *,
+    chunks: int = 8,
+    events: bool = False,
+    raw_extra: Mapping[str, Any] | None = None,
+) -> Iterator[Scheduler]:
+    """vLLM's factory builds the spec; a worker process maps the region; then the manager.
+
+    ``raw_extra`` is a whole ``kv_connector_extra_config`` used as given (``kvtier`` is ignored).
+    """
+    cfg = offloading_config(dict(raw_extra) if raw_extra is not None else extra(kvtier, chunks))
     if events:
         import dataclasses
 
@@ -217,6 +228,11 @@ def stack(kvtier: Mapping[str, Any], *, chunks: int = 8, events: bool = False) -
     try:
         manager = spec.get_manager()
         yield Scheduler(manager, worker)
+        manager.shutdown()
+        manager = None
+        # kvtier released every view of the region, so vLLM could unmap it (it keeps a mapping
+        # that still has exports, and says so).
+        assert spec._scheduler_mmap.mmap_obj is None, "the scheduler-side mapping was kept"
     finally:
         if manager is not None:
             manager.shutdown()
@@ -371,6 +387,51 @@ def test_a_layout_change_changes_the_namespace() -> None:
     c = OffloadingSpecFactory.create_spec(offloading_config(extra({})))
     assert a.kvtier_config["model"] != b.kvtier_config["model"]
     assert a.kvtier_config["model"] == c.kvtier_config["model"]  # engine id is not in it
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
+_DOC_SECTION = "## kvtier's whole engine as vLLM's offloading spec"
+
+
+def _doc_config() -> dict[str, Any]:
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index(_DOC_SECTION) :]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    found = re.findall(r"--kv-transfer-config '(\{.*\})'$", section, re.MULTILINE)
+    assert len(found) == 1, "the spec section shows one vllm serve config"
+    raw: dict[str, Any] = json.loads(found[0])
+    return raw
+
+
+def test_the_documented_config_runs_as_written(tmp_path: Path) -> None:
+    raw = _doc_config()
+    assert raw["kv_connector"] == "OffloadingConnector"
+    doc_extra = raw["kv_connector_extra_config"]
+    assert doc_extra["spec_module_path"] == "kvtier.integrations.vllm_spec"
+    # Swapped only: a temporary root, a capacity this file system holds, two chunks of /dev/shm.
+    local = json.loads(json.dumps(doc_extra))
+    local["cpu_bytes_to_use"] = 2 * ROW_BYTES
+    for tier in local["kvtier"]["secondary_tiers"]:
+        tier["root_dir"], tier["max_bytes"] = str(tmp_path), "4MiB"
+    keys = offload_keys(3, salt=b"doc")
+    with stack({}, raw_extra=local) as s:
+        assert s.manager.engine.config.write_policy == "write_back"
+        s.store(keys[:2])
+        s.settle()
+        out = s.store(keys[2:])  # evicts one block: the write-back flush to fs
+        s.settle()
+        if out is None:  # the victim's flush was still running: vLLM retries next step
+            out = s.store(keys[2:])
+            s.settle()
+        assert list(out.keys_to_store) == [keys[2]]
+        assert s.manager.engine.stats()["tiers"]["fs0"]["stores"] == 1
+        s.reset()
+        s.worker.call("wipe")
+        # Only the policy's victim went to fs (write-back): it comes back by promotion, the other not.
+        answers = {k: s.lookup([k]) for k in keys[:2]}
+        (victim,) = [k for k, a in answers.items() if a == [LookupResult.HIT]]
+        assert sorted(a[0].name for a in answers.values()) == ["HIT", "MISS"]
+        assert np.array_equal(s.load([victim])[0], payload(victim))
 
 
 # -- the vLLM 0.33 facts the design depends on ----------------------------------------------------

@@ -32,6 +32,7 @@ Importing this module imports vLLM (the ``vllm`` install).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
@@ -264,9 +265,12 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._stores.setdefault(frozenset(handle.keys), []).append(handle)
         else:
             self.engine.complete_store(handle)  # nothing reserved: close the empty handle
+        # vLLM pairs the i-th chunk id with the i-th GPU block it gathers, in the order of the keys
+        # it offered (scheduler.py 1850-2056): hand the accepted keys back in that order.
+        order = sorted(range(len(handle.keys)), key=handle.positions.__getitem__)
         return PrepareStoreOutput(
-            keys_to_store=_theirs(handle.keys),
-            store_spec=CPULoadStoreSpec(handle.slots),
+            keys_to_store=_theirs([handle.keys[i] for i in order]),
+            store_spec=CPULoadStoreSpec([int(handle.slots[i]) for i in order]),
             evicted_keys=_theirs(evicted),
         )
 
@@ -337,6 +341,10 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._stores.clear()
             self._loads.clear()
             self._fenced.clear()
+            # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
+            # cleanup keeps a mapping that still has exports, so let them go first.
+            del self.engine
+            gc.collect()
             if self._region is not None:
                 with contextlib.suppress(Exception):
                     self._region.cleanup()
