@@ -343,6 +343,29 @@ def test_the_cost_gate_decides_whether_vllm_loads_or_recomputes(
         assert skipped == (1 if answer is LookupResult.MISS else 0)
 
 
+def test_a_hit_stays_loadable_while_a_later_chunk_asks_for_a_promotion(tmp_path: Path) -> None:
+    hit, in_fs = offload_keys(2, salt=b"pin")
+    with stack({"secondary_tiers": [fs_tier(tmp_path)]}, chunks=1) as s:
+        s.store([in_fs])
+        s.settle()
+        s.reset()  # in_fs is only in fs now
+        s.store([hit])  # the one chunk holds hit
+        s.settle()  # its write-through copy is done: the chunk is unpinned
+        ctx = s.request()
+        with s.manager.lock:  # one step of the prefix scan, then the pin (scheduler.py 786, 1474)
+            assert s.manager.lookup(hit, ctx) is LookupResult.HIT
+            # Promoting in_fs would need hit's chunk: refused (no evictable slot), so vLLM recomputes.
+            assert s.manager.lookup(in_fs, ctx) is LookupResult.MISS
+            spec = s.manager.prepare_load([hit], ctx)
+        assert np.array_equal(s.worker.call("load", spec.block_ids)[0], payload(hit))
+        with s.manager.lock:
+            s.manager.complete_load({hit}, ctx)
+            s.manager.on_request_finished(ctx)
+        s.end_step([ctx.req_id])
+        # Next step nothing is pinned any more: in_fs can be promoted into the chunk now.
+        assert s.lookup([in_fs]) == [LookupResult.HIT], s.manager.engine.stats()
+
+
 def test_reset_keeps_chunks_of_transfers_in_flight_until_the_workers_are_done(tmp_path: Path) -> None:
     keys = offload_keys(2, salt=b"fence")
     with stack({}, chunks=2) as s:

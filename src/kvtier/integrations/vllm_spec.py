@@ -206,6 +206,10 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         # Handles of jobs vLLM dropped at reset_cache: their slots stay reserved until the workers
         # stop touching them (on_reset_flushed).
         self._fenced: list[StoreHandle | LoadHandle] = []
+        # A HIT stays loadable until the step ends: vLLM asks chunk by chunk and pins a request's
+        # hits (prepare_load) only after its last lookup, so a promotion started by a later chunk's
+        # lookup must not evict an earlier chunk it was just told is a HIT.
+        self._step_pins: list[LoadHandle] = []
         self._log: list[EngineEvent] = []
         self._closed = False
         engine.subscribe(self._log.append)
@@ -219,9 +223,12 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
 
         vLLM asks one chunk at a time; a chunk found in a secondary tier starts its promotion here
         (one job per chunk) unless admission refuses it (budget, cost gate), and answers
-        HIT_PENDING: vLLM then asks again on a later step.
+        HIT_PENDING: vLLM then asks again on a later step. A HIT is pinned until the step ends.
         """
-        return _LOOKUP[self.engine.lookup([BlockKey(key)]).codes[0]]
+        answer = _LOOKUP[self.engine.lookup([BlockKey(key)]).codes[0]]
+        if answer is LookupResult.HIT:
+            self._step_pins.append(self.engine.prepare_load([BlockKey(key)]))
+        return answer
 
     def get_load_source(self, key: OffloadKey, req_context: Any) -> CacheHitSource:
         # Only blocks already in the primary (host) tier are ever loaded to the GPU.
@@ -282,10 +289,17 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
 
     # -- steps, events -----------------------------------------------------------------------
     def on_schedule_end(self, context: Any) -> None:
-        """Collect finished tier jobs (promotions become readable, stored blocks unpin)."""
+        """Release the step's lookup pins; collect finished tier jobs (promotions become readable,
+        stored blocks unpin)."""
+        self._release_step_pins()
         self.engine.poll()
         if not self._enable_events:
             del self._log[:]
+
+    def _release_step_pins(self) -> None:
+        pins, self._step_pins = self._step_pins, []
+        for handle in pins:
+            self.engine.complete_load(handle)
 
     def has_pending_work(self) -> bool:
         """True while a tier job is in flight, so vLLM keeps stepping (and polling) when idle."""
@@ -312,6 +326,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         vLLM never completes the jobs in flight at a reset (they are stale to it), but its workers
         may still copy into their chunks until ``on_reset_flushed``, so those slots stay reserved.
         """
+        self._release_step_pins()  # reset_cache never runs inside a step (scheduler.py 2401-2407)
         for book in (self._stores, self._loads):
             for handles in book.values():
                 self._fenced.extend(handles)
@@ -341,6 +356,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._stores.clear()
             self._loads.clear()
             self._fenced.clear()
+            self._step_pins.clear()
             # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
             # cleanup keeps a mapping that still has exports, so let them go first.
             del self.engine
