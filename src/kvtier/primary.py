@@ -39,7 +39,7 @@ import numpy.typing as npt
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.base import CachePolicy
-from kvtier.transfer.buffers import HostBuffer, open_buffer
+from kvtier.transfer.buffers import HostBuffer, attach_buffer, open_buffer
 
 __all__ = ["BACKINGS", "PrimaryTier", "SlotState"]
 
@@ -75,6 +75,8 @@ class PrimaryTier:
         policy: orders READY keys and picks victims; capacity must be ``num_slots``.
         backing: ``heap`` | ``shm`` | ``torch`` | ``none`` (see :mod:`kvtier.transfer.buffers`).
         shm_name: shared-memory name (``shm`` backing only).
+        external: caller-owned memory used instead of allocating a buffer (``backing`` is then
+            ``external``; see :func:`~kvtier.transfer.buffers.attach_buffer`).
 
     Attributes:
         primary_kv_view: 2-D zero-copy ``memoryview`` ``(num_slots, row_stride)``; for ``none`` the
@@ -95,6 +97,7 @@ class PrimaryTier:
         *,
         backing: str = "heap",
         shm_name: str | None = None,
+        external: Any = None,
     ) -> None:
         if num_slots < 1:
             raise ConfigError(
@@ -110,9 +113,13 @@ class PrimaryTier:
         self.num_slots = n
         self.block_bytes = int(block_bytes)
         self.row_stride = -(-self.block_bytes // 4096) * 4096
-        self.backing = backing
         self.policy = policy
-        self._buffer: HostBuffer = open_buffer(backing, n, self.row_stride, shm_name)
+        if external is not None:
+            self.backing = "external"
+            self._buffer: HostBuffer = attach_buffer(external, n, self.row_stride)
+        else:
+            self.backing = backing
+            self._buffer = open_buffer(backing, n, self.row_stride, shm_name)
         self.rows: npt.NDArray[np.uint8] = self._buffer.rows
         self.primary_kv_view: memoryview = self._buffer.view
         self.states = bytearray(n)

@@ -97,6 +97,7 @@ class Engine:
         tiers: overrides the configured secondary tiers: instances, or factories called with
             :attr:`primary_kv_view` (an instance built on another view of the same shape is attached
             to this engine's buffer).
+        primary_buffer: caller-owned memory used as the buffer (backing ``external``, kept mapped).
 
     Construction goes through the configured spec (``spec_name``), resolved by the plug-in
     registry. With ``primary_backing: none`` (simulation) no buffer exists and configured secondary
@@ -115,6 +116,7 @@ class Engine:
         clock: Callable[[], float] | None = None,
         policy: CachePolicy | None = None,
         tiers: Sequence[SecondaryTier | Callable[[memoryview], SecondaryTier]] | None = None,
+        primary_buffer: Any = None,
     ) -> None:
         cfg = load_config(config)
         write_policy_type(cfg.write_policy)  # a config built by hand is checked before anything is built
@@ -123,8 +125,9 @@ class Engine:
         self.namespace = config_namespace(cfg)
         spec, policy, num_slots = resolve_policy(cfg, policy, tiers is not None)
         self.primary = PrimaryTier(
-            num_slots, cfg.block_bytes, policy, backing=cfg.primary_backing, shm_name=cfg.shm_name
-        )
+            num_slots, cfg.block_bytes, policy, backing=cfg.primary_backing, shm_name=cfg.shm_name,
+            external=primary_buffer,
+        )  # fmt: skip
         self.policy = policy
         self.num_slots = num_slots
         self.block_bytes = cfg.block_bytes

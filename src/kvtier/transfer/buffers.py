@@ -1,4 +1,4 @@
-"""Host buffers behind the primary tier: heap, POSIX shared memory, torch, none.
+"""Host buffers behind the primary tier: heap, POSIX shared memory, torch, none, or external.
 
 Every backing exposes the same two things: ``rows``, a C-contiguous ``uint8`` numpy array of shape
 ``(num_slots, row_stride)``, and ``view``, a zero-copy 2-D ``memoryview`` of the same memory (what
@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from kvtier.errors import ConfigError
 
-__all__ = ["SHM_DIR", "HostBuffer", "ShmBuffer", "aligned_empty", "open_buffer"]
+__all__ = ["SHM_DIR", "HostBuffer", "ShmBuffer", "aligned_empty", "attach_buffer", "open_buffer"]
 
 log = logging.getLogger(__name__)
 
@@ -246,3 +246,31 @@ def open_buffer(backing: str, num_slots: int, row_stride: int, shm_name: str | N
         name = f"kvtier-{os.getpid()}-{secrets.token_hex(4)}"
         return ShmBuffer(name, num_slots, row_stride, private=True, owner=True)
     raise ConfigError("primary_backing", f"expected heap, shm, torch or none, got {backing!r}")
+
+
+def attach_buffer(memory: Any, num_slots: int, row_stride: int) -> HostBuffer:
+    """Use caller-owned ``memory`` (any writable C-contiguous buffer of ``num_slots * row_stride``
+    bytes) as the primary buffer, zero-copy (backing ``external``).
+
+    The caller allocated it and frees it: ``close`` only drops kvtier's references, so the caller
+    must keep the memory mapped until the engine is closed. This is how an inference engine that
+    owns the host buffer itself (vLLM's shared offload region, which its GPU workers copy into) lets
+    kvtier keep the slot index and run the secondary tiers on the same bytes.
+    """
+    try:
+        view = memoryview(memory)
+    except TypeError as exc:
+        raise ConfigError("primary_buffer", f"expected a buffer (memoryview, numpy array): {exc}") from exc
+    if view.readonly or not view.c_contiguous:
+        raise ConfigError("primary_buffer", "must be writable and C-contiguous (pass the whole buffer)")
+    need = num_slots * row_stride
+    if view.nbytes != need:
+        raise ConfigError(
+            "primary_buffer",
+            f"holds {view.nbytes} bytes but {num_slots} slots of {row_stride} bytes need {need}; "
+            "size cpu_bytes_to_use and block_bytes to the buffer",
+        )
+    rows = np.frombuffer(view.cast("B"), dtype=np.uint8).reshape(num_slots, row_stride)
+    buf = HostBuffer(rows, keepalive=view)
+    buf.kind = "external"
+    return buf
