@@ -29,12 +29,24 @@ __all__ = [
     "build_cost_model",
     "build_tiers",
     "config_namespace",
+    "new_counters",
     "resolve_policy",
     "start_metrics",
     "stop_metrics",
 ]
 
 log = logging.getLogger("kvtier.engine")
+
+_COUNTERS = (
+    "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores", "dropped_stores",
+    "evictions", "writebacks", "loads", "promotions", "promotions_failed", "promotions_rejected",
+    "promotions_skipped_cost", "tier_errors", "bytes_stored", "bytes_loaded", "resets",
+)  # fmt: skip
+
+
+def new_counters() -> dict[str, int]:
+    """The engine's counters by name, all zero, in the order :meth:`Engine.stats` lists them."""
+    return dict.fromkeys(_COUNTERS, 0)
 
 
 def config_namespace(config: KvtierConfig) -> str:

@@ -47,6 +47,7 @@ from kvtier.engine.build import (
     build_cost_model,
     build_tiers,
     config_namespace,
+    new_counters,
     resolve_policy,
     start_metrics,
     stop_metrics,
@@ -79,12 +80,6 @@ _MISS, _HIT, _PENDING = int(LookupCode.MISS), int(LookupCode.HIT), int(LookupCod
 _READY, _FLUSHING = int(SlotState.READY), int(SlotState.FLUSHING)
 _LEADING_HIT = bytes([_HIT])
 _CLOSED = "engine is closed; create a new Engine"
-
-_COUNTERS = (
-    "lookup_calls", "lookups", "hits", "pending", "retries", "misses", "stores", "dropped_stores",
-    "evictions", "writebacks", "loads", "promotions", "promotions_failed", "promotions_rejected",
-    "promotions_skipped_cost", "tier_errors", "bytes_stored", "bytes_loaded", "resets",
-)  # fmt: skip
 
 
 class Engine:
@@ -146,7 +141,7 @@ class Engine:
         self._closed = False
         self._open_handles: set[int] = set()
         self._token = 0
-        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.counters: dict[str, int] = new_counters()
         ids = JobIds()
         self._events = EventLog(clock, self._lock)
         self._emit = self._events.emit
