@@ -14,13 +14,16 @@ This process fetches all blocks per round, into the rows of a destination buffer
 * **p2p**: ``PeerConnection.fetch`` (what a p2p tier worker does per chunk), ``verify`` off (the
   transport) and on (the tier's default: one xxh3 pass on each side);
 * **raw**: request, then ``recv_into(..., MSG_WAITALL)`` of exactly the same bytes into the same
-  rows. Both sides of both transfers set ``TCP_NODELAY`` and keep the kernel's socket buffer sizes.
+  rows. Both sides of both transfers use the same socket options (``TCP_NODELAY``, blocking with
+  5 s kernel timeouts) and keep the kernel's socket buffer sizes (autotuned).
 
 Each round runs raw and both p2p variants back to back (alternating the order), after
-``--warmup`` rounds that are not counted. ``ratios`` (p2p / raw throughput, the target is >= 0.8
-for the transport) is the median over rounds of the paired per-round ratio, which cancels most of
-the drift of a shared machine; ``spread`` gives the per-round ratios' min, quartiles and max, and
-the GB/s figures are medians over rounds. ``--json`` prints ONE JSON object.
+``--warmup`` rounds that are not counted; at least ``--repeat`` rounds are measured, and more (up
+to ``--max-rounds``) while the size has run less than ``--seconds``. ``ratios`` (p2p / raw
+throughput, the target is >= 0.8 for the transport) is the median over rounds of the paired
+per-round ratio, which cancels most of the drift of a shared machine; ``spread`` gives the
+per-round ratios' min, quartiles and max, and the GB/s figures are medians over rounds.
+``--json`` prints ONE JSON object.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from benchstats import paired_ratio  # benchmarks/benchstats.py, next to this script
+from benchstats import paired_ratio, rounds  # benchmarks/benchstats.py, next to this script
 
 SECRET = b"bench-p2p-secret"
 
@@ -63,7 +66,7 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
 
     def serve_raw() -> None:
         c, _ = raw.accept()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _same_options(c)
         with c:
             while True:
                 req = c.recv(4)
@@ -79,6 +82,16 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
     raw.close()
 
 
+def _same_options(sock: socket.socket) -> None:
+    """The socket options of the block server's and PeerConnection's plain sockets: TCP_NODELAY,
+    blocking, 5 s kernel timeouts. Measured here, a receiver with ``SO_RCVTIMEO`` reads 1 MiB
+    blocks with ``MSG_WAITALL`` faster than one without, so the reference gets it too."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(None)
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, opt, struct.pack("@ll", 5, 0))
+
+
 def _send_rows(c: socket.socket, bufs: list[memoryview]) -> None:
     """All rows in as few ``sendmsg`` calls as the kernel takes (blocking socket, no timeout)."""
     while bufs:
@@ -90,7 +103,7 @@ def _send_rows(c: socket.socket, bufs: list[memoryview]) -> None:
                 bufs[0], sent = bufs[0][sent:], 0
 
 
-def _measure(block_bytes: int, n: int, repeat: int, warmup: int) -> dict[str, Any]:
+def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float, most: int) -> dict[str, Any]:
     from kvtier.p2p.client import PeerConnection
 
     ctx = mp.get_context("spawn")
@@ -105,7 +118,7 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int) -> dict[str, An
         peer = PeerConnection("127.0.0.1", p2p_port, block_bytes=block_bytes, layout="", namespace=namespace,
                               secret=SECRET, timeout=5.0)  # fmt: skip
         raw = socket.create_connection(("127.0.0.1", raw_port))
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _same_options(raw)
         times: dict[str, list[float]] = {"p2p": [], "p2p_verified": [], "raw": []}
 
         def raw_round() -> None:
@@ -118,7 +131,7 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int) -> dict[str, An
                         raise ConnectionError("raw server closed")
                     got += k
 
-        for r in range(warmup + repeat):
+        for r in rounds(warmup + repeat, warmup + most, seconds):
             order = ["raw", "p2p", "p2p_verified"] if r % 2 == 0 else ["p2p_verified", "p2p", "raw"]
             for what in order:
                 t0 = time.perf_counter()
@@ -133,6 +146,7 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int) -> dict[str, An
         raw.close()
         total = n * block_bytes
         out: dict[str, Any] = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}
+        out["rounds"] = len(times["raw"])
         for k in ("p2p", "p2p_verified"):  # rounds are paired: the median of raw/p2p per round
             out[f"ratio_{k}"], out[f"spread_{k}"] = paired_ratio(times["raw"], times[k])
         return out
@@ -145,14 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4", help="block sizes in MiB, comma-separated (default 1,4)")
     ap.add_argument("--blocks", type=int, default=64, help="blocks per round (default 64)")
-    ap.add_argument("--repeat", type=int, default=15, help="measured rounds (default 15)")
+    ap.add_argument("--repeat", type=int, default=9, help="measured rounds per size, at least (default 9)")
+    ap.add_argument(
+        "--seconds", type=float, default=10.0,
+        help="more rounds (up to --max-rounds) while a size has run less than this (default 10)",
+    )  # fmt: skip
+    ap.add_argument("--max-rounds", type=int, default=60, help="rounds per size, at most (default 60)")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    results: dict[str, Any] = {"blocks": args.blocks, "repeat": args.repeat, "gbps": {}, "ratios": {},
-                               "spread": {}}  # fmt: skip
+    results: dict[str, Any] = {"blocks": args.blocks, "rounds": {}, "gbps": {}, "ratios": {}, "spread": {}}
     for mib in (int(x) for x in args.sizes.split(",")):
-        r = _measure(mib << 20, args.blocks, args.repeat, args.warmup)
+        r = _measure(mib << 20, args.blocks, args.repeat, args.warmup, args.seconds, args.max_rounds)
+        results["rounds"][f"{mib}MiB"] = r.pop("rounds")
         results["gbps"][f"{mib}MiB"] = r
         for k in ("p2p", "p2p_verified"):
             results["ratios"][f"{k}_{mib}MiB"] = r.pop(f"ratio_{k}")

@@ -8,9 +8,21 @@ instead reports the median of the per-round ratios, with their spread.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
-__all__ = ["paired_ratio"]
+__all__ = ["paired_ratio", "rounds"]
+
+
+def rounds(min_rounds: int, max_rounds: int, seconds: float) -> Iterator[int]:
+    """Round numbers 0, 1, ...: at least ``min_rounds``, then more while ``seconds`` have not
+    passed, at most ``max_rounds``. A quiet machine gets many rounds (a tighter median) in the
+    same time a loaded one spends on the minimum."""
+    t0 = time.monotonic()
+    r = 0
+    while r < min_rounds or (r < max_rounds and time.monotonic() - t0 < seconds):
+        yield r
+        r += 1
 
 
 def paired_ratio(reference_s: Sequence[float], kvtier_s: Sequence[float]) -> tuple[float, dict[str, float]]:
