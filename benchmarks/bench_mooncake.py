@@ -5,21 +5,24 @@ A ``mooncake_master`` and a separate ``mooncake_client`` holder are started on f
 (``MC_TCP_BIND_ADDRESS=127.0.0.1``; or ``--master``/``--metadata`` name a running store). For each
 block size (default 256 KiB, 1 MiB and 2 MiB, 32 blocks each):
 
-* **tier store**: ``Engine.prepare_store`` + copy into the primary slots + ``complete_store``; timed
-  from ``complete_store`` until ``drain()`` returns: the tier's job (checksum, header, the batched
-  multi-buffer put of header + slot).
-* **tier load**: ``Engine.reset()`` empties the primary tier; ``lookup`` finds every key in the tier
-  and promotes them (batched multi-buffer get, header and checksum verified); timed until every key
-  is a hit.
+* **tier store**: ``Engine.prepare_store`` + copy into the primary slots (not timed) +
+  ``complete_store``; timed from ``complete_store`` until ``drain()`` returns: the tier's job
+  (checksum, header, the batched multi-buffer put of header + slot).
+* **tier load**: after ``Engine.reset()`` emptied the primary tier, ``lookup`` finds every key in
+  the tier and promotes them (batched multi-buffer get, header and checksum verified); timed until
+  every key is a hit.
 * **raw store / load**: a plain ``MooncakeDistributedStore`` with a registered buffer holding the
   same bytes: ``batch_put_from`` / ``batch_get_into`` of exactly the payloads (no header, no
   checksum) in the tier's chunks over the same number of threads (``ratios`` ``store_<size>``,
-  ``load_<size>``), and as one call for all blocks (``..._vs_one_call``). Every variant gets the same
-  number of rounds (a best-of over more samples would favour it on a noisy machine).
+  ``load_<size>``), and as one call for all blocks (``..._vs_one_call``).
 
-Each figure is the best of ``--repeat`` rounds (fresh keys each round, tier and raw alternating which
-goes first; keys are removed after each round so the store never fills). ``--json`` prints ONE JSON
-object whose ``ratios`` are tier / raw throughput.
+Each round runs the three stores back to back, then the three loads, in an order rotated from
+round to round; ``--warmup`` rounds run first and are not counted, then at least ``--repeat``
+rounds are, and more (up to ``--max-rounds``) while the size has run less than ``--seconds``.
+Fresh keys every round, removed after it, so the store never fills. ``ratios`` (tier / raw
+throughput) are the median over rounds of the per-round ratio (pairing within a round cancels the
+drift of a shared machine), ``spread`` their min, quartiles and max; ``MBps`` are medians.
+``--json`` prints ONE JSON object.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from benchstats import paired_ratio, rounds  # benchmarks/benchstats.py, next to this script
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
 from kvtier.tiers.mooncake import MooncakeTier
@@ -43,80 +48,116 @@ from kvtier.tiers.mooncake import MooncakeTier
 _TESTS = Path(__file__).resolve().parents[1] / "tests" / "integration"
 
 
-def _raw_round(
-    client: Any, pool: ThreadPoolExecutor, buf: np.ndarray, names: list[str], per: int
-) -> dict[str, float]:
-    n, bb = buf.shape[0] // 2, buf.shape[1]
-    base = int(buf.ctypes.data)
-    src = [base + i * bb for i in range(n)]
-    dst = [base + (n + i) * bb for i in range(n)]
-    out: dict[str, float] = {}
+def _chunked(
+    pool: ThreadPoolExecutor, fn: Any, names: list[str], ptrs: list[int], bb: int, per: int
+) -> list[int]:
+    """``fn`` over chunks of ``per`` keys on the pool's threads (as the tier spreads a job)."""
+    jobs = [
+        pool.submit(fn, names[lo : lo + per], ptrs[lo : lo + per], [bb] * len(names[lo : lo + per]))
+        for lo in range(0, len(names), per)
+    ]
+    return [code for j in jobs for code in j.result()]
 
-    def chunked(fn: Any, keys: list[str], ptrs: list[int], expect: int) -> None:
-        jobs = [
-            pool.submit(fn, keys[lo : lo + per], ptrs[lo : lo + per], [bb] * len(keys[lo : lo + per]))
-            for lo in range(0, n, per)
-        ]
-        for j in jobs:
-            if any(code != expect for code in j.result()):
-                raise RuntimeError("raw Mooncake call failed")
 
-    for mode in ("one", "chunked"):
-        tag = [f"{x}-{mode}" for x in names]
+class _Raw:
+    """Mooncake's own batched zero-copy calls on a registered buffer: rows ``[0, n)`` are the
+    payloads, rows ``[n, 2n)`` the destination of loads."""
+
+    def __init__(self, client: Any, pool: ThreadPoolExecutor, buf: np.ndarray, per: int) -> None:
+        self.client, self.pool, self.buf, self.per = client, pool, buf, per
+        self.n, self.bb = buf.shape[0] // 2, buf.shape[1]
+        base = int(buf.ctypes.data)
+        self.src = [base + i * self.bb for i in range(self.n)]
+        self.dst = [base + (self.n + i) * self.bb for i in range(self.n)]
+
+    def store(self, names: list[str], one_call: bool) -> float:
+        c = self.client
         t0 = time.perf_counter()
-        if mode == "one":
-            codes = client.batch_put_from(tag, src, [bb] * n)
+        if one_call:
+            codes = c.batch_put_from(names, self.src, [self.bb] * self.n)
         else:
-            chunked(client.batch_put_from, tag, src, 0)
-            codes = [0]
-        t1 = time.perf_counter()
+            codes = _chunked(self.pool, c.batch_put_from, names, self.src, self.bb, self.per)
+        dt = time.perf_counter() - t0
         if any(codes):
             raise RuntimeError(f"raw batch_put_from answered {codes[:4]}")
-        buf[n:] = 0
-        t2 = time.perf_counter()
-        if mode == "one":
-            codes = client.batch_get_into(tag, dst, [bb] * n)
-            if any(c != bb for c in codes):
-                raise RuntimeError(f"raw batch_get_into answered {codes[:4]}")
+        return dt
+
+    def load(self, names: list[str], one_call: bool) -> float:
+        c, n, bb = self.client, self.n, self.bb
+        self.buf[n:] = 0
+        t0 = time.perf_counter()
+        if one_call:
+            codes = c.batch_get_into(names, self.dst, [bb] * n)
         else:
-            chunked(client.batch_get_into, tag, dst, bb)
-        t3 = time.perf_counter()
-        if not np.array_equal(buf[:n], buf[n:]):
-            raise RuntimeError("raw Mooncake calls returned wrong bytes")
-        client.batch_remove(tag, True)
-        out[f"raw_store_{mode}"] = t1 - t0
-        out[f"raw_load_{mode}"] = t3 - t2
-    return out
+            codes = _chunked(self.pool, c.batch_get_into, names, self.dst, bb, self.per)
+        dt = time.perf_counter() - t0
+        if any(code != bb for code in codes) or not np.array_equal(self.buf[:n], self.buf[n:]):
+            raise RuntimeError(f"raw batch_get_into failed or returned wrong bytes ({codes[:4]})")
+        return dt
 
 
-def _tier_round(eng: Engine, keys: list[BlockKey], data: np.ndarray, out: np.ndarray) -> dict[str, float]:
-    n = len(keys)
-    rows = eng.primary.rows
-    h = eng.prepare_store(keys)
-    for i, s in enumerate(h.slot_ids):
-        rows[s, : eng.block_bytes] = data[i]
-    t1 = time.perf_counter()
-    eng.complete_store(h)
-    eng.drain()
-    t2 = time.perf_counter()
-    eng.reset()  # empty the primary tier: every key must come back from the store
-    t3 = time.perf_counter()
-    rep = eng.lookup(keys)
-    while rep.num_hits < n:
-        if rep.num_hits + rep.pending < n and not rep.codes.count(3):
-            raise RuntimeError(f"mooncake tier lost blocks: {rep.codes.count(0)} of {n} missed")
+class _Tier:
+    """The same blocks through the engine and its mooncake tier."""
+
+    def __init__(self, eng: Engine, data: np.ndarray) -> None:
+        self.eng, self.data, self.out = eng, data, np.zeros_like(data)
+
+    def store(self, keys: list[BlockKey]) -> float:
+        eng = self.eng
+        h = eng.prepare_store(keys)
+        rows = eng.primary.rows
+        for i, s in enumerate(h.slot_ids):
+            rows[s, : eng.block_bytes] = self.data[i]
+        t0 = time.perf_counter()
+        eng.complete_store(h)
         eng.drain()
+        dt = time.perf_counter() - t0
+        eng.reset()  # empty the primary tier: every key must come back from the store
+        return dt
+
+    def load(self, keys: list[BlockKey]) -> float:
+        eng, n = self.eng, len(keys)
+        t0 = time.perf_counter()
         rep = eng.lookup(keys)
-    t4 = time.perf_counter()
-    if eng.load_blocks(keys, out) != n or not np.array_equal(out, data):
-        raise RuntimeError("mooncake tier returned wrong bytes")
-    eng.reset()
-    return {"store": t2 - t1, "load": t4 - t3}
+        while rep.num_hits < n:
+            if rep.num_hits + rep.pending < n and not rep.codes.count(3):
+                raise RuntimeError(f"mooncake tier lost blocks: {rep.codes.count(0)} of {n} missed")
+            eng.drain()
+            rep = eng.lookup(keys)
+        dt = time.perf_counter() - t0
+        if eng.load_blocks(keys, self.out) != n or not np.array_equal(self.out, self.data):
+            raise RuntimeError("mooncake tier returned wrong bytes")
+        eng.reset()
+        return dt
+
+
+#: The variants of one round, by the name their time is reported under.
+_STORES = ("store", "raw_store_chunked", "raw_store_one")
+_LOADS = ("load", "raw_load_chunked", "raw_load_one")
+
+
+def _round(tier: _Tier, raw: _Raw, keys: list[BlockKey], names: list[str], r: int) -> dict[str, float]:
+    """One round: the three stores back to back, then the three loads, the order rotated by round
+    (so no variant always runs first, or right after another)."""
+    chunked = [f"{x}-c" for x in names]
+    one = [f"{x}-o" for x in names]
+    run: dict[str, Any] = {
+        "store": lambda: tier.store(keys), "load": lambda: tier.load(keys),
+        "raw_store_chunked": lambda: raw.store(chunked, False),
+        "raw_load_chunked": lambda: raw.load(chunked, False),
+        "raw_store_one": lambda: raw.store(one, True), "raw_load_one": lambda: raw.load(one, True),
+    }  # fmt: skip
+    k = r % 3
+    order = [*_STORES[k:], *_STORES[:k], *_LOADS[k:], *_LOADS[:k]]
+    if (r // 3) % 2:
+        order = [*reversed(order[:3]), *reversed(order[3:])]
+    return {what: run[what]() for what in order}
 
 
 def bench_size(
-    master: str, metadata: str, client: Any, block_bytes: int, blocks: int, threads: int, repeat: int
-) -> dict[str, Any]:
+    master: str, metadata: str, client: Any, block_bytes: int, blocks: int, threads: int, repeat: int,
+    warmup: int = 1, seconds: float = 0.0, max_rounds: int = 60,
+) -> dict[str, Any]:  # fmt: skip
     per = max(1, -(-blocks // threads))
     tier_cfg = {
         "type": "mooncake",
@@ -134,45 +175,45 @@ def bench_size(
     }
     rng = np.random.default_rng(block_bytes)
     data = rng.integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
-    out = np.zeros_like(data)
     buf = np.zeros((2 * blocks, block_bytes), dtype=np.uint8)
     buf[:blocks] = data
     if client.register_buffer(int(buf.ctypes.data), int(buf.nbytes)) != 0:
         raise RuntimeError("register_buffer failed")
-    best: dict[str, float] = {}
+    done: list[dict[str, float]] = []
     try:
         with Engine(cfg) as eng, ThreadPoolExecutor(threads) as pool:
-            tier = eng.tiers[0]
-            assert isinstance(tier, MooncakeTier)
-            for r in range(repeat):
+            mtier = eng.tiers[0]
+            assert isinstance(mtier, MooncakeTier)
+            tier, raw = _Tier(eng, data), _Raw(client, pool, buf, per)
+            for r in rounds(warmup + repeat, warmup + max_rounds, seconds):
                 keys = [BlockKey(f"b{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]
                 names = [f"raw-{os.getpid()}/{block_bytes}/{r}/{i}" for i in range(blocks)]
-                got: dict[str, float] = {}
-                for side in ("tier", "raw") if r % 2 == 0 else ("raw", "tier"):
-                    if side == "tier":
-                        got.update(_tier_round(eng, keys, data, out))
-                        client.batch_remove([tier._name(k) for k in keys], True)
-                    else:
-                        got.update(_raw_round(client, pool, buf, names, per))
-                for k, v in got.items():
-                    best[k] = min(best.get(k, float("inf")), v)
-            stats = tier.get_stats()
+                times = _round(tier, raw, keys, names, r)
+                # Fresh keys every round; removed after it, so the store never fills.
+                client.batch_remove([mtier._name(k) for k in keys], True)
+                client.batch_remove([f"{x}-{m}" for x in names for m in "co"], True)
+                if r >= warmup:
+                    done.append(times)
+            stats = mtier.get_stats()
     finally:
         client.unregister_buffer(int(buf.ctypes.data))
     mb = blocks * block_bytes / 1e6
-    tput = {k: mb / v for k, v in best.items()}
-    return {
-        "block_bytes": block_bytes,
-        "blocks": blocks,
-        "threads": threads,
-        "MBps": {k: round(v, 1) for k, v in tput.items()},
-        "ratio_store": tput["store"] / tput["raw_store_chunked"],
-        "ratio_load": tput["load"] / tput["raw_load_chunked"],
-        "ratio_store_vs_one_call": tput["store"] / tput["raw_store_one"],
-        "ratio_load_vs_one_call": tput["load"] / tput["raw_load_one"],
-        "corrupt": stats["corrupt"],
-        "failed_jobs": stats["failed_jobs"],
-    }
+    out: dict[str, Any] = {
+        "block_bytes": block_bytes, "blocks": blocks, "threads": threads, "rounds": len(done),
+        "MBps": {k: round(mb / statistics.median(t[k] for t in done), 1) for k in done[0]},
+    }  # fmt: skip
+    # Per round, tier throughput / raw throughput of the same bytes (= raw time / tier time); the
+    # median over rounds, with its spread. Pairing within a round cancels the drift of a shared
+    # machine that a best-of or a ratio of medians would keep.
+    for name, tier_key, raw_key in (
+        ("store", "store", "raw_store_chunked"), ("load", "load", "raw_load_chunked"),
+        ("store_vs_one_call", "store", "raw_store_one"), ("load_vs_one_call", "load", "raw_load_one"),
+    ):  # fmt: skip
+        ratio, spread = paired_ratio([t[raw_key] for t in done], [t[tier_key] for t in done])
+        out[f"ratio_{name}"] = ratio
+        out.setdefault("spread", {})[name] = spread
+    out["corrupt"], out["failed_jobs"] = stats["corrupt"], stats["failed_jobs"]
+    return out
 
 
 def _size_tag(n: int) -> str:
@@ -184,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="262144,1048576,2097152", help="block sizes in bytes, comma separated")
     ap.add_argument("--blocks", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--repeat", type=int, default=8, help="measured rounds per size, at least (default 8)")
+    ap.add_argument(
+        "--seconds", type=float, default=9.0,
+        help="more rounds (up to --max-rounds) while a size has run less than this (default 9)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-rounds", type=int, default=60, help="measured rounds per size, at most (default 60)"
+    )
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted (default 1)")
     ap.add_argument("--master", help="host:port of a running mooncake_master (default: start one)")
     ap.add_argument("--metadata", help="its metadata server URL (with --master)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -205,10 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if client.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master) != 0:
             raise RuntimeError(f"mooncake setup with {master} failed")
-        results = [
-            bench_size(master, metadata, client, int(s), args.blocks, args.threads, args.repeat)
-            for s in args.sizes.split(",")
-        ]
+        opts = (args.blocks, args.threads, args.repeat, args.warmup, args.seconds, args.max_rounds)
+        results = [bench_size(master, metadata, client, int(s), *opts) for s in args.sizes.split(",")]
         client.close()
     finally:
         if store is not None:
@@ -220,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios[f"load_{tag}"] = round(r["ratio_load"], 3)
         ratios[f"store_{tag}_vs_one_call"] = round(r["ratio_store_vs_one_call"], 3)
         ratios[f"load_{tag}_vs_one_call"] = round(r["ratio_load_vs_one_call"], 3)
-    doc = {"bench": "mooncake", "results": results, "ratios": ratios}
+    spread = {f"{k}_{_size_tag(r['block_bytes'])}": v for r in results for k, v in r["spread"].items()}
+    doc = {"bench": "mooncake", "results": results, "ratios": ratios, "spread": spread}
     if args.json:
         print(json.dumps(doc))
     else:
@@ -232,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  load {m['load']:7.1f} MB/s"
                 f" (raw {m['raw_load_chunked']:7.1f}, one call {m['raw_load_one']:7.1f})"
                 f"  ratios {r['ratio_store']:.2f} / {r['ratio_load']:.2f}"
+                f" (per-round min-max {r['spread']['store']['min']:.2f}-{r['spread']['store']['max']:.2f}"
+                f" / {r['spread']['load']['min']:.2f}-{r['spread']['load']['max']:.2f})"
             )
     return 0
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from kvtier.p2p import protocol as P
 from kvtier.p2p.protocol import block_checksum
+from kvtier.p2p.sockio import is_plain, recv_flags, set_recv_timeout, use_kernel_timeouts
 
 __all__ = ["PeerConnection", "PeerRefusedError", "parse_peer"]
 
@@ -61,6 +62,8 @@ class PeerConnection:
     ) -> None:
         self.block_bytes = block_bytes
         self._rid = 0
+        #: The longest any one read may wait (a peer silent that long is stalled), and the current one.
+        self._read_timeout = self._timeout = timeout
         deadline = time.monotonic() + timeout
         raw = socket.create_connection((host, port), timeout=timeout)
         try:
@@ -68,6 +71,9 @@ class PeerConnection:
             self.sock: socket.socket = (
                 ssl_context.wrap_socket(raw, server_hostname=host) if ssl_context is not None else raw
             )
+            if is_plain(self.sock):
+                use_kernel_timeouts(self.sock, timeout)  # whole-block reads (kvtier.p2p.sockio)
+            self._flags = recv_flags(self.sock)
             self._handshake(
                 P.Hello(P.PROTOCOL_VERSION, block_bytes, layout, namespace, P.new_nonce()), secret, deadline
             )
@@ -127,7 +133,10 @@ class PeerConnection:
 
     def _send(self, ftype: int, payload: bytes, flags: int = 0) -> int:
         self._rid = (self._rid + 1) & 0xFFFFFFFF
-        self.sock.sendall(P.encode_frame(ftype, self._rid, payload, flags))
+        try:
+            self.sock.sendall(P.encode_frame(ftype, self._rid, payload, flags))
+        except BlockingIOError:  # the kernel's send timeout (a plain socket)
+            raise TimeoutError("peer stopped reading requests") from None
         return self._rid
 
     def _expect(self, ftype: int, rid: int, deadline: float) -> P.Frame:
@@ -146,18 +155,22 @@ class PeerConnection:
 
     def _recv_into(self, view: memoryview, deadline: float) -> None:
         got, n = 0, view.nbytes
-        sock = self.sock
+        sock, flags = self.sock, self._flags
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("peer too slow: request deadline passed")
-            # Each read waits at most the socket timeout (the connect timeout: a peer silent that
-            # long is stalled) and never much past the deadline. settimeout is a syscall, so it is
-            # refreshed only when 10% of it is spent, not on every read of a block.
-            current = sock.gettimeout()
-            if current is None or left < 0.9 * current:
-                sock.settimeout(left)
-            k = sock.recv_into(view[got:], n - got)
+            # Each read waits at most the connect timeout (a peer silent that long is stalled) and
+            # never much past the deadline. Setting it is a syscall, so it changes only when it is
+            # off by more than 10%, not on every read of a block.
+            want = min(self._timeout, left)
+            if abs(want - self._read_timeout) > 0.1 * self._read_timeout:
+                set_recv_timeout(sock, want)
+                self._read_timeout = want
+            try:
+                k = sock.recv_into(view[got:], n - got, flags)
+            except BlockingIOError:  # the kernel's read timeout passed with nothing received
+                raise TimeoutError("peer stalled: nothing received within the read timeout") from None
             if k == 0:
                 raise ConnectionError("peer closed the connection mid-transfer")
             got += k

@@ -33,7 +33,14 @@ from kvtier.config import KvtierConfig, PluginsConfig
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
-from kvtier.tiers.base import PolicyFactory, SecondaryTier, TierContext, TierStats, whole_job
+from kvtier.tiers.base import (
+    PolicyFactory,
+    PrimaryProfile,
+    SecondaryTier,
+    TierContext,
+    TierStats,
+    whole_job,
+)
 
 __all__ = ["SimTier", "sim_tiers"]
 
@@ -158,7 +165,10 @@ def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
     out: list[Callable[[memoryview], SimTier]] = []
     for tc, ctx in zip(config.secondary_tiers, contexts, strict=True):
         cls = TIERS.resolve(tc.type, tc.module_path, plugins=config.plugins, key_path=tc.key_path)
-        profile = cls.simulation(
+        hook = cls.simulation
+        if cls.simulation_uses_primary:  # only then: an override without ``primary`` still works
+            hook = functools.partial(hook, primary=_primary_profile(config))
+        profile = hook(
             tc.options, block_bytes=config.block_bytes, policy_factory=factory, key_path=tc.key_path
         )
         out.append(
@@ -185,6 +195,15 @@ def _policy_factory(plugins: PluginsConfig) -> PolicyFactory:
         return create_policy(policy, capacity, options, plugins=plugins, key_path=key_path)
 
     return make
+
+
+def _primary_profile(config: KvtierConfig) -> PrimaryProfile:
+    """The config's primary tier: its slots, and its policy (as :mod:`kvtier.specs.tiering` builds it)."""
+    from kvtier.plugins import create_policy
+
+    return PrimaryProfile(
+        config.num_primary_slots, config.row_stride, functools.partial(create_policy, config)
+    )
 
 
 def _make(view: memoryview, **kw: Any) -> SimTier:

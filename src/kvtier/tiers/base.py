@@ -29,6 +29,7 @@ from kvtier.policies.base import CachePolicy
 
 __all__ = [
     "PolicyFactory",
+    "PrimaryProfile",
     "SecondaryTier",
     "SimulationProfile",
     "TierContext",
@@ -121,6 +122,24 @@ class SimulationProfile:
     medium: str
 
 
+@dataclass(frozen=True, slots=True)
+class PrimaryProfile:
+    """The simulated engine's own primary tier, handed to the :meth:`SecondaryTier.simulation`
+    hook of a tier whose model is built on it (``simulation_uses_primary``): the p2p tier models
+    its peers' primary tiers, which run the same config.
+
+    Attributes:
+        slots: blocks the primary tier holds (``cpu_bytes_to_use // row_stride``).
+        row_stride: bytes per primary slot (``block_bytes`` rounded up to 4 KiB).
+        new_policy: ``capacity -> `` an empty policy built as the primary builds its own (name,
+            module path, options, plug-in trust boundary).
+    """
+
+    slots: int
+    row_stride: int
+    new_policy: Callable[[int], CachePolicy]
+
+
 class SecondaryTier(ABC):
     """A store of KV blocks behind the primary tier.
 
@@ -150,6 +169,8 @@ class SecondaryTier(ABC):
     persistent: ClassVar[bool] = False
     #: Other processes/instances may read what this one stores.
     shared: ClassVar[bool] = False
+    #: The simulator passes ``primary=`` (a :class:`PrimaryProfile`) to :meth:`simulation`.
+    simulation_uses_primary: ClassVar[bool] = False
 
     def __init__(self, *, primary_kv_view: memoryview, context: TierContext) -> None:
         if primary_kv_view.ndim != 2 or primary_kv_view.itemsize != 1:
@@ -177,13 +198,16 @@ class SecondaryTier(ABC):
         block_bytes: int,
         policy_factory: PolicyFactory,
         key_path: str = "",
+        primary: PrimaryProfile | None = None,
     ) -> SimulationProfile:
         """Describe how this tier is simulated, from its config entry's ``options``.
 
         ``options`` are the entry's keys besides ``type``/``module_path``/``name`` (what the
         constructor would get); ``block_bytes`` is the payload per block; build the policy with
         ``policy_factory`` (so the simulator's plug-in trust boundary applies) and name bad keys
-        under ``key_path`` (``secondary_tiers[1]``). Pure: no I/O, no threads.
+        under ``key_path`` (``secondary_tiers[1]``). ``primary`` describes the simulated engine's
+        primary tier; the simulator passes it only to classes that set ``simulation_uses_primary``
+        (so an override written without the argument keeps working). Pure: no I/O, no threads.
 
         The default reads ``max_bytes`` (``max_bytes // block_bytes`` blocks; unbounded when
         absent), ``eviction_policy`` (default ``lru``) with ``policy_options``, sized

@@ -13,6 +13,8 @@ Config (docs/p2p.md)::
   per-block xxh3 checksum (a mismatch is counted ``corrupt`` and never served).
 * **Stores** move nothing: this instance's block server (``serve``) already serves its primary
   tier, so a store is reported as held.
+* **Simulation** (``replay --simulate``): the peers' primary tiers as one pool, see
+  :meth:`P2PTier.simulation`.
 * **Faults.** Each peer is a route of :class:`~kvtier.tiers.remote.RemoteTier` with its own
   circuit breaker: a dead, stalled (deadline ``op_timeout`` + 1 s per 200 MB) or garbling peer fails
   only its keys, opens its breaker (``breaker_failures`` default 1) and is retried after
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
@@ -34,7 +37,7 @@ from kvtier.p2p.directory import PeerDirectory
 from kvtier.p2p.protocol import ProtocolError, load_secret
 from kvtier.p2p.service import check_serve_options
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
-from kvtier.tiers.base import TierContext
+from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
 from kvtier.tiers.remote import RemoteTier
 from kvtier.tiers.remote_errors import ErrorMap, RemoteTimeoutError
 
@@ -96,6 +99,7 @@ class P2PTier(RemoteTier):
         tls_ca: CA file to verify peers' TLS certificates (enables TLS to peers).
         serve: options of this instance's own block server, started by the engine (``host``,
             ``port``, ``max_connections``, ``tls_cert``, ``tls_key``, ``directory_ttl``).
+        sim_peers / sim_peer_bytes: simulation only (:meth:`simulation`); checked, else unused.
     """
 
     #: Marks a tier whose ``serve`` options start this engine's block server (kvtier.p2p.service).
@@ -105,6 +109,7 @@ class P2PTier(RemoteTier):
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
+    simulation_uses_primary: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -128,7 +133,10 @@ class P2PTier(RemoteTier):
         unknown_keys: str = "check",
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
+        sim_peers: int | None = None,
+        sim_peer_bytes: int | str | None = None,
     ) -> None:
+        _sim_pool({"peers": peers, "sim_peers": sim_peers, "sim_peer_bytes": sim_peer_bytes}, "")
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads, batch_blocks=batch_blocks,
             op_timeout=op_timeout, breaker_failures=breaker_failures, breaker_reset=breaker_reset,
@@ -165,6 +173,43 @@ class P2PTier(RemoteTier):
         )
         self._where: dict[BlockKey, str] = {}
         self._where_lock = threading.Lock()
+
+    # -- simulation (kvtier replay --simulate) -----------------------------------------------------
+    @classmethod
+    def simulation(
+        cls,
+        options: Mapping[str, Any],
+        *,
+        block_bytes: int,
+        policy_factory: PolicyFactory,
+        key_path: str = "",
+        primary: PrimaryProfile | None = None,
+    ) -> SimulationProfile:
+        """The peers' primary tiers, pooled: a p2p hit exists only while a peer still holds the
+        block in *its* primary tier, and this tier stores nothing of its own.
+
+        Capacity: ``sim_peers`` (default: the number of static ``peers``; required with a
+        directory alone) x the slots of one peer's primary tier (``sim_peer_bytes`` divided by the
+        row stride; default: this config's ``cpu_bytes_to_use``, since peers run the same config).
+        Victims are picked by the primary tier's policy (``lru`` without ``primary``). The pool is
+        fed by this trace's blocks, as if the peers served traffic like this instance's and never
+        held a block twice: an upper bound for such a fleet (docs/p2p.md, Simulation).
+        """
+        peers, peer_bytes = _sim_pool(options, key_path)
+        row_stride = primary.row_stride if primary else -(-max(block_bytes, 1) // 4096) * 4096
+        if peer_bytes is not None:
+            per_peer = peer_bytes // row_stride
+        elif primary is not None:
+            per_peer = primary.slots
+        else:
+            raise ConfigError(
+                _sub(key_path, "sim_peer_bytes"),
+                'the peers\' primary-tier size is unknown here; set sim_peer_bytes (e.g. "8GiB")',
+            )
+        capacity = peers * per_peer
+        room = max(capacity, 1)  # a policy holds at least one block; capacity 0 still stores none
+        policy = primary.new_policy(room) if primary else policy_factory("lru", room, {}, key_path=key_path)
+        return SimulationProfile(capacity, policy, whole_job, cls.medium)
 
     # -- RemoteTier backend ----------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -303,3 +348,27 @@ class P2PTier(RemoteTier):
         super()._close_resources()
         if self._directory is not None:
             self._directory.close()
+
+
+def _sim_pool(options: Mapping[str, Any], key_path: str) -> tuple[int, int | None]:
+    """(peer count, bytes of one peer's primary tier or ``None`` = this config's) of the simulation."""
+    raw = options.get("sim_peers")
+    if raw is None:
+        peers = options.get("peers") or ()
+        if not peers and options.get("directory"):
+            raise ConfigError(
+                _sub(key_path, "sim_peers"),
+                "a p2p tier with a directory and no static peers has no known fleet size; set "
+                "sim_peers (the number of peer instances) to simulate it",
+            )
+        count = len(peers) if isinstance(peers, Sequence) and not isinstance(peers, str) else 0
+    elif isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ConfigError(_sub(key_path, "sim_peers"), f"expected a peer count >= 0, got {raw!r}")
+    else:
+        count = raw
+    size = options.get("sim_peer_bytes")
+    return count, None if size is None else parse_size(size, _sub(key_path, "sim_peer_bytes"))
+
+
+def _sub(key_path: str, key: str) -> str:
+    return f"{key_path}.{key}" if key_path else key

@@ -43,7 +43,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
-from kvtier.tiers.base import PolicyFactory, SimulationProfile, TierContext
+from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
@@ -212,6 +212,7 @@ class FsTier(AsyncTier):
         block_bytes: int,
         policy_factory: PolicyFactory,
         key_path: str = "",
+        primary: PrimaryProfile | None = None,
     ) -> SimulationProfile:
         """The fs tier as the simulator sees it: ``max_bytes`` holds ``max_bytes // file_size``
         block files (header of a 16-byte key aligned to 4 KiB, then the payload); the policy is

@@ -1,0 +1,85 @@
+"""Socket I/O of the p2p data path: kernel timeouts, whole-block reads, scatter-gather sends.
+
+A Python socket with a timeout is non-blocking underneath: every ``recv``/``send`` is preceded by
+a ``poll`` and a big buffer goes out in as many partial sends as the socket buffer takes, each a
+trip through the interpreter. A plain TCP socket here is instead left *blocking* with the timeout
+set in the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``): a ``recv_into(..., MSG_WAITALL)`` fills a
+whole block in one call and one ``sendmsg`` queues a reply table and all its blocks, while a
+stalled peer still fails the call within the timeout (the kernel returns what it has, or
+``EAGAIN``, which is raised as :class:`TimeoutError`). TLS sockets keep Python's timeouts (the
+``ssl`` module supports neither ``MSG_WAITALL`` nor ``sendmsg``).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Sequence
+
+__all__ = ["is_plain", "recv_flags", "send_buffers", "set_recv_timeout", "use_kernel_timeouts"]
+
+#: Buffers per ``sendmsg`` (Linux's IOV_MAX is 1024).
+_IOV_MAX = 1024
+
+
+def is_plain(sock: socket.socket) -> bool:
+    """A plain TCP socket (not TLS): the fast path applies."""
+    return not isinstance(sock, ssl.SSLSocket)
+
+
+def _timeval(seconds: float) -> bytes:
+    seconds = max(seconds, 1e-3)  # 0 would mean "no timeout" to the kernel
+    whole = int(seconds)
+    return struct.pack("@ll", whole, int((seconds - whole) * 1e6))
+
+
+def use_kernel_timeouts(sock: socket.socket, timeout: float) -> None:
+    """Make a plain socket blocking with ``timeout`` on every read and write, in the kernel."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
+
+
+def set_recv_timeout(sock: socket.socket, timeout: float) -> None:
+    """The timeout of each read: the kernel's on a plain socket, Python's on TLS."""
+    if is_plain(sock):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+    else:
+        sock.settimeout(timeout)
+
+
+def recv_flags(sock: socket.socket) -> int:
+    """``MSG_WAITALL`` where it works (plain sockets): one read per block, not per segment burst."""
+    return socket.MSG_WAITALL if is_plain(sock) else 0
+
+
+def send_buffers(sock: socket.socket, buffers: Sequence[memoryview | bytes], deadline: float) -> None:
+    """Send every buffer, in order, before ``deadline`` (monotonic seconds).
+
+    Plain sockets: ``sendmsg`` of up to 1024 buffers at a time (a partial send resumes where it
+    stopped); each call waits at most the socket's send timeout. TLS: ``sendall`` of each.
+    Raises :class:`TimeoutError` past the deadline or when the peer stops reading.
+    """
+    if not is_plain(sock):
+        for buf in buffers:
+            sock.sendall(buf)
+        return
+    pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+    first = 0  # pending[first:] is still to send; pending[first] may be partly sent already
+    while first < len(pending):
+        if time.monotonic() > deadline:
+            raise TimeoutError("peer too slow: send deadline passed")
+        try:
+            sent = sock.sendmsg(pending[first : first + _IOV_MAX])
+        except BlockingIOError:
+            raise TimeoutError("peer stopped reading: send timed out") from None
+        while sent and first < len(pending):
+            head = pending[first]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                first += 1
+            else:
+                pending[first] = head[sent:]
+                sent = 0
