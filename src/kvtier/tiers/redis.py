@@ -119,6 +119,8 @@ class RedisTier(RemoteTier):
         key_prefix: first part of every key (several deployments can share a server).
         ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
         password_env: name of an environment variable holding the password (overrides the URL's).
+        tls_ca_file: PEM file of the certificate authorities a ``rediss://`` server's certificate
+            is checked against (default: the system's); the certificate must name the host.
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
     """
 
@@ -134,6 +136,7 @@ class RedisTier(RemoteTier):
         key_prefix: str = "kvtier",
         ttl: float | None = None,
         password_env: str | None = None,
+        tls_ca_file: str | None = None,
         threads: int = 4,
         batch_blocks: int = 8,
         op_timeout: float = 1.0,
@@ -183,6 +186,8 @@ class RedisTier(RemoteTier):
             self._password = os.environ[password_env]
             self._url = _without_password(self._url)  # the URL's own password would win otherwise
         self._shown_url = _redact(self._url)
+        self._tls = parsed.scheme.startswith("rediss")
+        self._ca_file = _ca_file(tls_ca_file, self._tls)
         self._prefix = f"{key_prefix}:{context.namespace}:".encode()
         self._shared_lock = threading.Lock()
         self._conn_pool: Any = None
@@ -287,6 +292,11 @@ class RedisTier(RemoteTier):
             opts["health_check_interval"] = 0
         if self._password is not None:
             opts["password"] = self._password
+        if self._tls:  # a rediss:// URL: verified TLS, the host name included
+            opts["ssl_cert_reqs"] = "required"
+            opts["ssl_check_hostname"] = True
+            if self._ca_file is not None:
+                opts["ssl_ca_certs"] = self._ca_file
         return opts
 
     def _connection(self, client: _Conns, route: str) -> Any:
@@ -349,6 +359,20 @@ class RedisTier(RemoteTier):
 
         if not self.run_on_worker(Priority.MAINTENANCE, refresh):
             self._refreshing = False
+
+
+def _ca_file(value: object, tls: bool) -> str | None:
+    """``tls_ca_file`` checked: a readable file, and only with a ``rediss://`` URL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError("tls_ca_file", f"expected the path of a PEM file, got {value!r}")
+    if not tls:
+        raise ConfigError("tls_ca_file", "is used by TLS only: write the url as rediss://host:port")
+    path = os.path.abspath(os.path.expanduser(value))
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError("tls_ca_file", f"{path} is not a readable file; give the CA's PEM file")
+    return path
 
 
 def _without_password(url: str) -> str:
