@@ -16,7 +16,8 @@ logged (``config_info`` shows the URL without it).
 * **Values** are :mod:`kvtier.codec` blobs. Writes send the header and the primary slot's bytes
   straight to the socket (no concatenation, no copy through a packer: redis-py's hiredis packer
   copies every argument and makes large ``SET``\\ s several times slower), pipelined per chunk and
-  per server; reads are pipelined ``GET``\\ s, verified, then copied into the slot. ``ttl`` (seconds)
+  per server; reads are pipelined ``GET``\\ s whose values are received straight into the slot
+  (:mod:`kvtier.tiers.redis_wire`) and verified there. ``ttl`` (seconds)
   sets an expiry on every write.
 * **Capacity** is the server's: set ``maxmemory`` and an ``allkeys-*`` eviction policy on it. kvtier
   treats its own index as a hint: a key the server evicted is a miss, not an error; an out-of-memory
@@ -31,6 +32,7 @@ Common options (threads, deadlines, breaker, back-pressure) are those of
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import urllib.parse
@@ -48,6 +50,7 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
+from kvtier.tiers.redis_wire import BulkReader
 from kvtier.tiers.remote import RemoteTier, positive_number
 from kvtier.tiers.remote_errors import (
     ErrorMap,
@@ -249,13 +252,33 @@ class RedisTier(RemoteTier):
         return self._outcome(route, done, replies)
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        """Pipelined ``GET``\\ s whose values are received straight into their slots
+        (:mod:`kvtier.tiers.redis_wire`: one copy, kernel to slot) and verified there."""
         packed = b"".join(_command(b"GET", self._prefix + key) for key, _ in items)
-        replies = self._pipeline(client, route, [packed], len(items))
-        done = []
-        for (key, slot), blob in zip(items, replies, strict=True):
-            if not isinstance(blob, Exception) and self._fill(key, slot, blob):
-                done.append(key)
+        conn = self._connection(client, route)
+        replies: list[Any] = []
+        done: list[BlockKey] = []
+        slot = -1
+        try:
+            conn.send_packed_command([packed], check_health=False)
+            reader = BulkReader(conn._sock, conn._parser.parse_error)
+            for key, slot in items:
+                reply = reader.value(functools.partial(self._receive_sized, key, slot))
+                if reply is None:
+                    self._vanished(key)
+                elif reply is True:
+                    done.append(key)
+                replies.append(reply)
+        except BaseException:
+            if slot >= 0:  # a value cut off mid-payload: never leave its partial bytes behind
+                self.slot_array(slot)[:] = 0
+            client.by_route.pop(route, None)
+            conn.disconnect()
+            raise
         return self._outcome(route, done, replies)
+
+    def _receive_sized(self, key: BlockKey, slot: int, size: int, read_into: Any) -> bool:
+        return self._receive(key, slot, read_into, size)
 
     def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
         packed = b"".join(_command(b"EXISTS", self._prefix + key) for key in keys)
