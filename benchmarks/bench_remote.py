@@ -193,7 +193,11 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
 
                 # The order rotates every round: none of the three always writes first after the
                 # flush (fresh server memory) or last.
-                steps = [run_tier, lambda: run_raw("default"), lambda: run_raw("python")]
+                steps: list[Callable[[], None]] = [
+                    run_tier,
+                    lambda: run_raw("default"),
+                    lambda: run_raw("python"),
+                ]
                 for step in steps[r % 3 :] + steps[: r % 3]:
                     step()
                 clients["default"].flushall()
@@ -223,7 +227,7 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
 
 
 # -- s3 -----------------------------------------------------------------------------------------------------
-def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> dict[str, Any]:
+def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int, bucket: str) -> dict[str, Any]:
     import boto3
     from botocore.config import Config
 
@@ -233,7 +237,6 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
         "aws_access_key_id": os.environ.get("KVTIER_TEST_S3_ACCESS_KEY", "kvtier"),
         "aws_secret_access_key": os.environ.get("KVTIER_TEST_S3_SECRET_KEY", "kvtier-secret"),
     }
-    bucket = "kvtier-bench"
     primary = PrimaryBuffer.heap(2 * n, block, block)
     primary.fill_random(range(n), seed=2)
     tier = ObjTier(
@@ -269,14 +272,20 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
     try:
         with ThreadPoolExecutor(threads) as pool:
             for r in range(repeat + 1):  # round 0 warms connections and clients for everyone
-                s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
-                for name in configs:
+
+                def run_tier(r: int = r) -> None:
+                    s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
+                    if r:
+                        keep("tier_store", s)
+                        keep("tier_load", lo)
+
+                def run_raw(name: str, r: int = r) -> None:
                     tag = f"raw-{name}-{r}-{uuid.uuid4().hex[:6]}"
 
-                    def put(i: int, name: str = name, tag: str = tag) -> None:
+                    def put(i: int) -> None:
                         client(name).put_object(Bucket=bucket, Key=f"{tag}/{i}", Body=body[i])
 
-                    def get(i: int, name: str = name, tag: str = tag) -> None:
+                    def get(i: int) -> None:
                         data = client(name).get_object(Bucket=bucket, Key=f"{tag}/{i}")["Body"].read()
                         assert len(data) == block
 
@@ -285,9 +294,14 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
                     if r:
                         keep(f"raw_{name}_store", ts)
                         keep(f"raw_{name}_load", tl)
-                if r:
-                    keep("tier_store", s)
-                    keep("tier_load", lo)
+
+                steps: list[Callable[[], None]] = [
+                    run_tier,
+                    lambda: run_raw("default"),
+                    lambda: run_raw("tuned"),
+                ]
+                for step in steps[r % 3 :] + steps[: r % 3]:  # the order rotates every round
+                    step()
     finally:
         tier.shutdown()
     out: dict[str, Any] = {"block_bytes": block, "blocks": n, "threads": threads, "client": "boto3"}
@@ -303,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (medians are reported)")
     ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_TEST_S3_ENDPOINT", ""))
+    ap.add_argument("--s3-bucket", default="kvtier-bench", help="bucket (created when missing)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     sizes = [int(s[:-3]) * (1024 if s.endswith("KiB") else MIB) for s in args.sizes.split(",")]
@@ -317,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["ratios"][f"redis_store_{tag}"] = r["ratio_store"]
             doc["ratios"][f"redis_load_{tag}"] = r["ratio_load"]
         if args.s3_endpoint:
-            r = bench_s3(args.s3_endpoint, size, max(2, n // 2), args.s3_threads, args.repeat)
+            r = bench_s3(args.s3_endpoint, size, max(2, n // 2), args.s3_threads, args.repeat, args.s3_bucket)
             doc["s3"][tag] = r
             doc["ratios"][f"s3_store_{tag}"] = r["ratio_store"]
             doc["ratios"][f"s3_load_{tag}"] = r["ratio_load"]
