@@ -6,8 +6,9 @@ For 512 KiB and 4 MiB blocks:
   workers, pipelined per chunk), then loading them into other primary slots; next to raw redis-py
   doing the same pipelined ``SET``\\ s / ``GET``\\ s of the same bytes with the same threads and the
   same blocks per pipeline, once with redis-py's default packer (hiredis when installed) and once
-  with its pure-Python packer. The reference is the faster raw variant (the strongest baseline);
-  with hiredis installed its packer copies every value, which is why kvtier sends values itself.
+  with its pure-Python packer. The reference is the faster raw variant by median (the strongest
+  baseline); with hiredis installed its packer copies every value, which is why kvtier sends values
+  itself. kvtier's loads receive each value straight into its slot (``kvtier.tiers.redis_wire``).
 * **s3**: the ``obj`` tier on the S3 endpoint (``--s3-endpoint``, default ``$KVTIER_TEST_S3_ENDPOINT``)
   next to plain boto3 ``put_object`` / ``get_object().read()`` with the same threads (one client per
   thread, default config), and boto3 with kvtier's client settings (CRC32 off) as a second raw
@@ -15,8 +16,11 @@ For 512 KiB and 4 MiB blocks:
   shows where the difference comes from.
 
 A redis-server is started on a free loopback port for the run (and stopped); the S3 part is skipped
-when no endpoint is given. Each figure is the best of ``--repeat`` rounds with fresh keys, tier and
-raw interleaved. ``--json`` prints ONE JSON object with ``ratios`` (kvtier / reference).
+when no endpoint is given. Rounds (``--repeat``, fresh keys each) interleave tier and raw, so a
+loaded host slows both alike; each figure is the **median** over the rounds, with the slowest and
+fastest round next to it (``*_spread``), and each ratio is the median of the per-round ratios
+(kvtier / that round's reference), with their range in ``ratio_*_range``. ``--json`` prints ONE
+JSON object with ``ratios`` (kvtier / reference, medians).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +51,31 @@ from kvtier.tiers.async_tier import AsyncTier
 
 MIB = 1 << 20
 _ids = itertools.count(1)
+
+
+class Rounds:
+    """Seconds of every round per figure; summarised as medians and spreads (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds.setdefault(name, []).append(seconds)
+
+    def summary(self, mib: float, ref: Callable[[str, int], str]) -> dict[str, Any]:
+        """``<name>_mib_s`` (median), ``<name>_spread`` ([slowest, fastest]) for every figure;
+        ``ratio_<op>`` / ``ratio_<op>_range`` from the per-round ratios against ``ref(op, round)``,
+        the name of that round's reference figure."""
+        out: dict[str, Any] = {}
+        for name, secs in self.seconds.items():
+            rates = sorted(mib / t for t in secs)
+            out[f"{name}_mib_s"] = round(statistics.median(rates), 1)
+            out[f"{name}_spread"] = [round(rates[0], 1), round(rates[-1], 1)]
+        for op in ("store", "load"):
+            ratios = sorted(self.seconds[ref(op, i)][i] / t for i, t in enumerate(self.seconds[f"tier_{op}"]))
+            out[f"ratio_{op}"] = round(statistics.median(ratios), 3)
+            out[f"ratio_{op}_range"] = [round(ratios[0], 3), round(ratios[-1], 3)]
+        return out
 
 
 def tier_round(tier: AsyncTier, primary: PrimaryBuffer, n: int, tag: str) -> tuple[float, float]:
@@ -129,29 +159,30 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
             )
         ),
     }
-    best: dict[str, float] = {}
-
-    def keep(name: str, seconds: float) -> None:
-        best[name] = min(best.get(name, float("inf")), seconds)
+    rounds = Rounds()
+    keep = rounds.add
 
     try:
         with ThreadPoolExecutor(threads) as pool:
             for r in range(repeat):
-                s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
-                keep("tier_store", s)
-                keep("tier_load", lo)
-                for name, client in clients.items():
-                    tag = f"raw-{name}-{r}"
+
+                def run_tier(r: int = r) -> None:
+                    s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
+                    keep("tier_store", s)
+                    keep("tier_load", lo)
+
+                def run_raw(name: str, r: int = r) -> None:
+                    client, tag = clients[name], f"raw-{name}-{r}"
                     parts = split(list(range(n)), threads, batch)
 
-                    def put(idx: list[int], c: Any = client, tag: str = tag) -> None:
-                        p = c.pipeline(transaction=False)
+                    def put(idx: list[int]) -> None:
+                        p = client.pipeline(transaction=False)
                         for i in idx:
                             p.set(f"{tag}-{i}", values[i])
                         p.execute()
 
-                    def get(idx: list[int], c: Any = client, tag: str = tag) -> None:
-                        p = c.pipeline(transaction=False)
+                    def get(idx: list[int]) -> None:
+                        p = client.pipeline(transaction=False)
                         for i in idx:
                             p.get(f"{tag}-{i}")
                         out = p.execute()
@@ -159,6 +190,16 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
 
                     keep(f"raw_{name}_store", parallel(pool, parts, put))
                     keep(f"raw_{name}_load", parallel(pool, parts, get))
+
+                # The order rotates every round: none of the three always writes first after the
+                # flush (fresh server memory) or last.
+                steps: list[Callable[[], None]] = [
+                    run_tier,
+                    lambda: run_raw("default"),
+                    lambda: run_raw("python"),
+                ]
+                for step in steps[r % 3 :] + steps[: r % 3]:
+                    step()
                 clients["default"].flushall()
                 tier.index.known.clear()
     finally:
@@ -168,23 +209,25 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
         proc.kill()
         proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    mib = n * block / MIB
     out: dict[str, Any] = {
         "block_bytes": block,
         "blocks": n,
         "threads": threads,
         "hiredis": HIREDIS_AVAILABLE,
     }
-    for k, v in best.items():
-        out[f"{k}_mib_s"] = round(mib / v, 1)
-    for op in ("store", "load"):
-        ref = max(out[f"raw_default_{op}_mib_s"], out[f"raw_python_{op}_mib_s"])
-        out[f"ratio_{op}"] = round(out[f"tier_{op}_mib_s"] / ref, 3)
+    sec = rounds.seconds
+
+    def strongest(op: str, i: int) -> str:
+        # The faster raw packer over all rounds (median seconds). Taking the faster of the two in
+        # each round instead would pick the luckier of two noisy samples and inflate the reference.
+        return min((f"raw_default_{op}", f"raw_python_{op}"), key=lambda k: statistics.median(sec[k]))
+
+    out.update(rounds.summary(n * block / MIB, strongest))
     return out
 
 
 # -- s3 -----------------------------------------------------------------------------------------------------
-def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> dict[str, Any]:
+def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int, bucket: str) -> dict[str, Any]:
     import boto3
     from botocore.config import Config
 
@@ -194,7 +237,6 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
         "aws_access_key_id": os.environ.get("KVTIER_TEST_S3_ACCESS_KEY", "kvtier"),
         "aws_secret_access_key": os.environ.get("KVTIER_TEST_S3_SECRET_KEY", "kvtier-secret"),
     }
-    bucket = "kvtier-bench"
     primary = PrimaryBuffer.heap(2 * n, block, block)
     primary.fill_random(range(n), seed=2)
     tier = ObjTier(
@@ -224,22 +266,26 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
         return c
 
     body = [primary.rows[i, :block].tobytes() for i in range(n)]
-    best: dict[str, float] = {}
-
-    def keep(name: str, seconds: float) -> None:
-        best[name] = min(best.get(name, float("inf")), seconds)
+    rounds = Rounds()
+    keep = rounds.add
 
     try:
         with ThreadPoolExecutor(threads) as pool:
             for r in range(repeat + 1):  # round 0 warms connections and clients for everyone
-                s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
-                for name in configs:
+
+                def run_tier(r: int = r) -> None:
+                    s, lo = tier_round(tier, primary, n, f"t{r}-{uuid.uuid4().hex[:6]}")
+                    if r:
+                        keep("tier_store", s)
+                        keep("tier_load", lo)
+
+                def run_raw(name: str, r: int = r) -> None:
                     tag = f"raw-{name}-{r}-{uuid.uuid4().hex[:6]}"
 
-                    def put(i: int, name: str = name, tag: str = tag) -> None:
+                    def put(i: int) -> None:
                         client(name).put_object(Bucket=bucket, Key=f"{tag}/{i}", Body=body[i])
 
-                    def get(i: int, name: str = name, tag: str = tag) -> None:
+                    def get(i: int) -> None:
                         data = client(name).get_object(Bucket=bucket, Key=f"{tag}/{i}")["Body"].read()
                         assert len(data) == block
 
@@ -248,17 +294,18 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int) -> di
                     if r:
                         keep(f"raw_{name}_store", ts)
                         keep(f"raw_{name}_load", tl)
-                if r:
-                    keep("tier_store", s)
-                    keep("tier_load", lo)
+
+                steps: list[Callable[[], None]] = [
+                    run_tier,
+                    lambda: run_raw("default"),
+                    lambda: run_raw("tuned"),
+                ]
+                for step in steps[r % 3 :] + steps[: r % 3]:  # the order rotates every round
+                    step()
     finally:
         tier.shutdown()
-    mib = n * block / MIB
     out: dict[str, Any] = {"block_bytes": block, "blocks": n, "threads": threads, "client": "boto3"}
-    for k, v in best.items():
-        out[f"{k}_mib_s"] = round(mib / v, 1)
-    for op in ("store", "load"):
-        out[f"ratio_{op}"] = round(out[f"tier_{op}_mib_s"] / out[f"raw_default_{op}_mib_s"], 3)
+    out.update(rounds.summary(n * block / MIB, lambda op, i: f"raw_default_{op}"))
     return out
 
 
@@ -268,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=32, help="MiB per round and size")
     ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (medians are reported)")
     ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_TEST_S3_ENDPOINT", ""))
+    ap.add_argument("--s3-bucket", default="kvtier-bench", help="bucket (created when missing)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     sizes = [int(s[:-3]) * (1024 if s.endswith("KiB") else MIB) for s in args.sizes.split(",")]
@@ -284,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["ratios"][f"redis_store_{tag}"] = r["ratio_store"]
             doc["ratios"][f"redis_load_{tag}"] = r["ratio_load"]
         if args.s3_endpoint:
-            r = bench_s3(args.s3_endpoint, size, max(2, n // 2), args.s3_threads, args.repeat)
+            r = bench_s3(args.s3_endpoint, size, max(2, n // 2), args.s3_threads, args.repeat, args.s3_bucket)
             doc["s3"][tag] = r
             doc["ratios"][f"s3_store_{tag}"] = r["ratio_store"]
             doc["ratios"][f"s3_load_{tag}"] = r["ratio_load"]
@@ -294,9 +342,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for backend in ("redis", "s3"):
         for tag, r in doc[backend].items():
-            figures = ", ".join(f"{k[:-6]} {v}" for k, v in r.items() if k.endswith("_mib_s"))
-            print(f"{backend} {tag} x{r['blocks']} ({r['threads']} threads), MiB/s: {figures}")
-            print(f"    ratio kvtier/reference: store {r['ratio_store']}, load {r['ratio_load']}")
+            figures = ", ".join(
+                f"{k[:-6]} {v} ({r[k[:-6] + '_spread'][0]}-{r[k[:-6] + '_spread'][1]})"
+                for k, v in r.items()
+                if k.endswith("_mib_s")
+            )
+            print(f"{backend} {tag} x{r['blocks']} ({r['threads']} threads), median MiB/s: {figures}")
+            print(
+                f"    ratio kvtier/reference (median, range): store {r['ratio_store']}"
+                f" {r['ratio_store_range']}, load {r['ratio_load']} {r['ratio_load_range']}"
+            )
     print(f"({doc['seconds']} s)")
     return 0
 

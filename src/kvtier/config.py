@@ -205,7 +205,9 @@ _VLLM_AWARE_TIERS = ("fs", "example")
 def _vllm_tier_keys(ttype: str, options: dict[str, Any], path: str) -> dict[str, Any]:
     from kvtier import config_vllm as vllm_config
 
-    for key in options:
+    for key, value in options.items():
+        if key == "backpressure" and not (isinstance(value, Mapping) and "backpressure_cls" in value):
+            continue  # kvtier's own store-gate marks (GateConfig), not vLLM's detector object
         error = vllm_config.explain_vllm_key(key, path, tier=True)
         if error is not None:
             raise error

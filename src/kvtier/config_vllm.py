@@ -79,7 +79,7 @@ _VLLM_TOP_KEYS: dict[str, tuple[str, str]] = {
     ),
     "backpressure": (
         "the back-pressure detector vLLM's tiering manager consults before each store",
-        "remove it: kvtier tiers drop stores themselves (fs: full_backoff); inside vLLM keep it",
+        "remove it: kvtier tiers drop stores themselves (a tier's backpressure marks); inside vLLM keep it",
     ),
     "store_threshold": (
         "how many times a block is seen before CPUOffloadingSpec stores it",

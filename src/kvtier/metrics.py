@@ -26,6 +26,9 @@ name                                         type       labels / meaning
 ``kvtier_corrupt_blocks_total``             counter    ``tier``: blocks that failed verification
 ``kvtier_dropped_stores_total``             counter    ``tier``: stores given up (full, pinned, error)
 ``kvtier_failed_jobs_total``                counter    ``tier``
+``kvtier_store_gate_state``                  gauge      ``tier``: back-pressure gate, 0 open, 1
+                                                       throttled, 2 dropping (tiers with a gate)
+``kvtier_store_gate_throttled_total``        counter    ``tier``: stores the gate refused (slow medium)
 ``kvtier_tier_errors_total``                counter    ``tier``: tier calls that raised (per tier)
 ``kvtier_promotions_total``                 counter    ``tier``: blocks promoted from that tier
 ``kvtier_inflight_jobs``                    gauge      ``tier``: jobs submitted, not reported
@@ -85,6 +88,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("kvtier_corrupt_blocks_total", "counter", ("tier",)),
     ("kvtier_dropped_stores_total", "counter", ("tier",)),
     ("kvtier_failed_jobs_total", "counter", ("tier",)),
+    ("kvtier_store_gate_state", "gauge", ("tier",)),
+    ("kvtier_store_gate_throttled_total", "counter", ("tier",)),
     ("kvtier_tier_errors_total", "counter", ("tier",)),
     ("kvtier_promotions_total", "counter", ("tier",)),
     ("kvtier_inflight_jobs", "gauge", ("tier",)),
@@ -307,6 +312,19 @@ class EngineCollector:
         )
         yield per_tier("counter", "kvtier_dropped_stores", "Stores given up", column("dropped_stores"))
         yield per_tier("counter", "kvtier_failed_jobs", "Transfer jobs that failed", column("failed_jobs"))
+        # Every I/O tier (AsyncTier) carries its StoreGate's counters; others have no series.
+        yield per_tier(
+            "gauge",
+            "kvtier_store_gate_state",
+            "Store back-pressure gate of each tier: 0 open, 1 throttled, 2 dropping",
+            {n: _tier_gauge(t, "gate_state") for n, t in secondary.items()},
+        )
+        yield per_tier(
+            "counter",
+            "kvtier_store_gate_throttled",
+            "Stores refused by each tier's back-pressure gate (store latency over its marks)",
+            {n: _tier_gauge(t, "gate_throttled") for n, t in secondary.items()},
+        )
         yield per_tier(
             "counter",
             "kvtier_tier_errors",

@@ -50,7 +50,7 @@ def full_stats() -> dict[str, Any]:
                 "lookups": 70, "hits": 12, "bytes_read": 12 * BLOCK, "bytes_written": 60 * BLOCK,
                 "evictions": 3, "corrupt": 1, "dropped_stores": 0, "failed_jobs": 2, "loads": 12,
                 "read_seconds": 0.5, "write_seconds": 1.5, "inflight_jobs": 3, "errors": 4,
-                "used_bytes": 48 * BLOCK, "max_bytes": 1000 * BLOCK,
+                "used_bytes": 48 * BLOCK, "max_bytes": 1000 * BLOCK, "gate_state": 1, "gate_throttled": 5,
             }
         },
         "latency": {
@@ -141,6 +141,7 @@ def test_per_tier_inflight_errors_promotions_and_fs_bytes() -> None:
     assert got[("kvtier_engine_promotions_total", (("result", "rejected"),))] == 2
     assert got[("kvtier_tier_used_bytes", fs0)] == 48 * BLOCK
     assert got[("kvtier_tier_max_bytes", fs0)] == 1000 * BLOCK
+    assert got[("kvtier_store_gate_state", fs0)] == 1 and got[("kvtier_store_gate_throttled_total", fs0)] == 5
     assert got[("kvtier_tier_used_bytes", (("tier", "primary"),))] == 50 * BLOCK
     assert got[("kvtier_tier_max_bytes", (("tier", "primary"),))] == 64 * BLOCK
     assert got[("kvtier_engine_throttled_stores_total", ())] == 6

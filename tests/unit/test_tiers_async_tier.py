@@ -20,7 +20,7 @@ from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.testing import AsyncTierContractTests, PrimaryBuffer, wait_for_jobs
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, chunk_size
-from kvtier.tiers.backpressure import StoreGate
+from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
 
 Item = tuple[BlockKey, int]
@@ -81,12 +81,22 @@ SLOTS, BLOCK = 32, 256
 
 
 def make(threads: int = 2, batch_blocks: int = 2) -> tuple[DictTier, PrimaryBuffer]:
+    """A dict tier whose store gate never throttles on latency (pauses still work).
+
+    The default gate drops stores once a store job took over 2 s (its latency-per-MiB mark; a job
+    of small blocks counts as 1 MiB): a wall-clock judgement. On a loaded machine one stalled job
+    then made the next job of the same keys "dropped" -- reported failed without its held keys --
+    and the reporting properties below failed at random. They are about chunking and reports, so
+    their tier admits every store; the gate's own behaviour is tested in test_tiers_backpressure.py
+    and by :func:`test_a_store_the_gate_drops_is_reported_once_and_failed` here.
+    """
     primary = PrimaryBuffer.heap(SLOTS, BLOCK, BLOCK)
     tier = DictTier(
         primary_kv_view=primary.view,
         context=primary.context("dict"),
         threads=threads,
         batch_blocks=batch_blocks,
+        store_gate=StoreGate(GateConfig(enabled=False)),
     )
     return tier, primary
 
@@ -176,6 +186,27 @@ def test_store_gate_pause_extends_never_shortens() -> None:
     assert gate.seconds_per_mib == pytest.approx(0.5)
     gate.observe(0, 3.0)  # nothing written: no figure
     assert gate.seconds_per_mib == pytest.approx(0.5)
+
+
+def test_a_store_the_gate_drops_is_reported_once_and_failed() -> None:
+    """What a stalled machine does to the default gate: one store job that took 15 s lifts the
+    EMA (alpha 0.2) to ~3 s/MiB, over high water: throttled, so half of the store jobs pass and
+    the first one does not (deterministic credit). That job -- even of a key the tier holds -- is
+    reported once, failed, with the gate's reason and no keys, and counted in dropped_stores."""
+    primary = PrimaryBuffer.heap(SLOTS, BLOCK, BLOCK)
+    tier = DictTier(primary_kv_view=primary.view, context=primary.context("dict"), threads=1)
+    try:
+        tier.submit_store(TransferJob(1, [key(1)], np.array([0], dtype=np.int32)))
+        assert wait_for_jobs(tier, [1], timeout=10)[1].success
+        tier.store_gate.observe(1 << 20, 15.0)
+        assert tier.get_stats()["gate_state"] == 1
+        tier.submit_store(TransferJob(2, [key(1), key(2)], np.array([0, 1], dtype=np.int32)))
+        (res,) = tier.get_finished_jobs()  # at once, from submit_store itself
+        assert not res.success and res.transferred([key(1), key(2)]) == []
+        assert "back-pressure" in (res.error or "") and tier.get_stats()["dropped_stores"] == 2
+        assert not tier.has_pending_work()
+    finally:
+        tier.shutdown()
 
 
 jobs_strategy = st.lists(

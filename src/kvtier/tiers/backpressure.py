@@ -33,7 +33,9 @@ RAM (or evicts it). Two signals feed the gate:
 
 :meth:`StoreGate.counters` are merged into the tier's ``get_stats()`` (``gate_state`` 0/1/2,
 ``gate_throttled`` stores refused by the throttle or the drop state, ``gate_ms_per_mib`` the EMA in
-milliseconds), so they reach ``kvtier replay`` and the metrics exporter by those names.
+milliseconds), so they reach ``kvtier replay``; the metrics exporter shows them as
+``kvtier_store_gate_state`` and ``kvtier_store_gate_throttled_total``. Every tier built on the base
+has a gate: the fs tier and the remote tiers take the marks from their ``backpressure`` option.
 
 Thread model: :meth:`admit` runs on the engine thread inside ``submit_store`` and must not block;
 :meth:`pause` and :meth:`observe` run on worker threads. One small lock guards the state; nothing

@@ -16,7 +16,8 @@ logged (``config_info`` shows the URL without it).
 * **Values** are :mod:`kvtier.codec` blobs. Writes send the header and the primary slot's bytes
   straight to the socket (no concatenation, no copy through a packer: redis-py's hiredis packer
   copies every argument and makes large ``SET``\\ s several times slower), pipelined per chunk and
-  per server; reads are pipelined ``GET``\\ s, verified, then copied into the slot. ``ttl`` (seconds)
+  per server; reads are pipelined ``GET``\\ s whose values are received straight into the slot
+  (:mod:`kvtier.tiers.redis_wire`) and verified there. ``ttl`` (seconds)
   sets an expiry on every write.
 * **Capacity** is the server's: set ``maxmemory`` and an ``allkeys-*`` eviction policy on it. kvtier
   treats its own index as a hint: a key the server evicted is a miss, not an error; an out-of-memory
@@ -31,6 +32,7 @@ Common options (threads, deadlines, breaker, back-pressure) are those of
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import urllib.parse
@@ -48,6 +50,7 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
+from kvtier.tiers.redis_wire import BulkReader
 from kvtier.tiers.remote import RemoteTier, positive_number
 from kvtier.tiers.remote_errors import (
     ErrorMap,
@@ -119,6 +122,8 @@ class RedisTier(RemoteTier):
         key_prefix: first part of every key (several deployments can share a server).
         ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
         password_env: name of an environment variable holding the password (overrides the URL's).
+        tls_ca_file: PEM file of the certificate authorities a ``rediss://`` server's certificate
+            is checked against (default: the system's); the certificate must name the host.
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
     """
 
@@ -134,6 +139,7 @@ class RedisTier(RemoteTier):
         key_prefix: str = "kvtier",
         ttl: float | None = None,
         password_env: str | None = None,
+        tls_ca_file: str | None = None,
         threads: int = 4,
         batch_blocks: int = 8,
         op_timeout: float = 1.0,
@@ -183,6 +189,8 @@ class RedisTier(RemoteTier):
             self._password = os.environ[password_env]
             self._url = _without_password(self._url)  # the URL's own password would win otherwise
         self._shown_url = _redact(self._url)
+        self._tls = parsed.scheme.startswith("rediss")
+        self._ca_file = _ca_file(tls_ca_file, self._tls)
         self._prefix = f"{key_prefix}:{context.namespace}:".encode()
         self._shared_lock = threading.Lock()
         self._conn_pool: Any = None
@@ -244,13 +252,33 @@ class RedisTier(RemoteTier):
         return self._outcome(route, done, replies)
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+        """Pipelined ``GET``\\ s whose values are received straight into their slots
+        (:mod:`kvtier.tiers.redis_wire`: one copy, kernel to slot) and verified there."""
         packed = b"".join(_command(b"GET", self._prefix + key) for key, _ in items)
-        replies = self._pipeline(client, route, [packed], len(items))
-        done = []
-        for (key, slot), blob in zip(items, replies, strict=True):
-            if not isinstance(blob, Exception) and self._fill(key, slot, blob):
-                done.append(key)
+        conn = self._connection(client, route)
+        replies: list[Any] = []
+        done: list[BlockKey] = []
+        slot = -1
+        try:
+            conn.send_packed_command([packed], check_health=False)
+            reader = BulkReader(conn._sock, conn._parser.parse_error)
+            for key, slot in items:
+                reply = reader.value(functools.partial(self._receive_sized, key, slot))
+                if reply is None:
+                    self._vanished(key)
+                elif reply is True:
+                    done.append(key)
+                replies.append(reply)
+        except BaseException:
+            if slot >= 0:  # a value cut off mid-payload: never leave its partial bytes behind
+                self.slot_array(slot)[:] = 0
+            client.by_route.pop(route, None)
+            conn.disconnect()
+            raise
         return self._outcome(route, done, replies)
+
+    def _receive_sized(self, key: BlockKey, slot: int, size: int, read_into: Any) -> bool:
+        return self._receive(key, slot, read_into, size)
 
     def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
         packed = b"".join(_command(b"EXISTS", self._prefix + key) for key in keys)
@@ -287,6 +315,11 @@ class RedisTier(RemoteTier):
             opts["health_check_interval"] = 0
         if self._password is not None:
             opts["password"] = self._password
+        if self._tls:  # a rediss:// URL: verified TLS, the host name included
+            opts["ssl_cert_reqs"] = "required"
+            opts["ssl_check_hostname"] = True
+            if self._ca_file is not None:
+                opts["ssl_ca_certs"] = self._ca_file
         return opts
 
     def _connection(self, client: _Conns, route: str) -> Any:
@@ -349,6 +382,20 @@ class RedisTier(RemoteTier):
 
         if not self.run_on_worker(Priority.MAINTENANCE, refresh):
             self._refreshing = False
+
+
+def _ca_file(value: object, tls: bool) -> str | None:
+    """``tls_ca_file`` checked: a readable file, and only with a ``rediss://`` URL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError("tls_ca_file", f"expected the path of a PEM file, got {value!r}")
+    if not tls:
+        raise ConfigError("tls_ca_file", "is used by TLS only: write the url as rediss://host:port")
+    path = os.path.abspath(os.path.expanduser(value))
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError("tls_ca_file", f"{path} is not a readable file; give the CA's PEM file")
+    return path
 
 
 def _without_password(url: str) -> str:

@@ -13,7 +13,9 @@ What it guarantees (docs/fs.md has the full story):
     * **Warm restart.** A background thread rebuilds the index from the tree (names, sizes, mtimes);
       until it has passed a key's shard, a lookup that is not already known answers ``RETRY``.
     * **Never raises into the engine.** I/O errors are failed jobs, counted and logged (rate-limited);
-      ``ENOSPC`` switches on back-pressure: stores are dropped and counted for ``full_backoff`` s.
+      ``ENOSPC`` switches on back-pressure: stores are dropped and counted for ``full_backoff`` s;
+      a slow disk (store latency per MiB over the ``backpressure`` marks) throttles, then drops,
+      stores with hysteresis through the same :class:`~kvtier.tiers.backpressure.StoreGate`.
 
 Lookups are answered from the in-memory index (a dict membership test: no syscall).
 
@@ -43,6 +45,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
+from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
@@ -95,6 +98,10 @@ class FsTier(AsyncTier):
             a group/world-writable or foreign-owned root or namespace directory is refused.
         secret_env / secret_file: where a shared root's MAC secret comes from (an environment
             variable, default ``KVTIER_FS_SECRET``, or a 0600 file); never logged.
+        backpressure: latency marks of the store gate shared by every tier
+            (:class:`~kvtier.tiers.backpressure.GateConfig`): a disk whose store latency per MiB
+            rises over ``high_water`` gets fewer stores, then none but probes, until it is back
+            under ``low_water``. ``ENOSPC`` pauses the same gate for ``full_backoff`` s.
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -125,10 +132,12 @@ class FsTier(AsyncTier):
         shared_root: bool = False,
         secret_env: str = DEFAULT_SECRET_ENV,
         secret_file: str | None = None,
+        backpressure: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
             batch_blocks=batch_blocks, log_interval=log_interval, logger=log,
+            store_gate=StoreGate(GateConfig.from_options(backpressure)),
         )  # fmt: skip
         if root_dir is None:
             raise ConfigError("root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
@@ -349,6 +358,7 @@ class FsTier(AsyncTier):
         d["acct_sections"] = self.accounting.sections
         d["scan_done"] = int(self.index.scan_done)
         d["scan_files"] = self.scan_files
+        d.update(self.store_gate.counters())  # gate_state, gate_throttled, gate_ms_per_mib
         return d
 
     def config_info(self) -> dict[str, Any]:
