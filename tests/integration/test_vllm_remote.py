@@ -104,24 +104,37 @@ def test_redis_cluster_gone_is_misses_and_failed_jobs(tmp_path: Path, request: p
         cluster.stop()
 
 
-def test_redis_password_from_env_is_used_and_never_logged(
+@pytest.mark.parametrize("where", ["env", "inline"])
+def test_a_redis_password_is_used_and_never_logged(
+    where: str,
     tmp_path: Path,
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     need_module("redis", "redis")
+    from kvtier.integrations import vllm as adapter
+
+    adapter.reset_log_once()
     secret = "vllm-redis-secret-" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:8]
     server = RedisServer(tmp_path / "redis", extra=("--requirepass", secret))
-    monkeypatch.setenv("KVTIER_TEST_REDIS_PASSWORD", secret)
-    entry = _redis(server.url, _prefix(request), password_env="KVTIER_TEST_REDIS_PASSWORD")
+    if where == "env":
+        monkeypatch.setenv("KVTIER_TEST_REDIS_PASSWORD", secret)
+        entry = _redis(server.url, _prefix(request), password_env="KVTIER_TEST_REDIS_PASSWORD")
+    else:
+        entry = _redis(f"redis://:{secret}@127.0.0.1:{server.port}/0", _prefix(request))
     try:
         with caplog.at_level(logging.DEBUG):
-            scenario_round_trip(entry, salt=b"redis-auth")
+            scenario_round_trip(entry, salt=b"redis-auth-" + where.encode())
     finally:
         server.kill()
     assert caplog.records, "the round trip logged nothing at all: the check below would be empty"
     assert not [r for r in caplog.records if secret in r.getMessage()]
+    # An inline password works, and the adapter says once where it should go (vLLM logs its config).
+    warned = [r.getMessage() for r in caplog.records if "holds a secret" in r.getMessage()]
+    assert len(warned) == (1 if where == "inline" else 0), warned
+    if warned:
+        assert "'url'" in warned[0] and "password_env" in warned[0]
 
 
 # -- obj (S3 on Ceph RGW) ---------------------------------------------------------------------------
