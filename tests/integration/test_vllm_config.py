@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kvtier.cli.check import check_config
 from kvtier.config import load_config
 from kvtier.config_vllm import ADAPTER_CLASS, ADAPTER_MODULE, split_adapter_entry
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, PluginError
 
 # vLLM 0.33's own example config, verbatim from the TieringOffloadingSpec docstring (tiering/spec.py).
 VLLM_EXAMPLE: dict[str, Any] = {
@@ -67,6 +67,31 @@ def test_vllm_example_inside_kv_transfer_config_passes_check() -> None:
     raw["kv_connector_extra_config"] = {**VLLM_EXAMPLE, "spec_name": "TieringOffloadingSpec"}
     report = check_config(raw)
     assert report["ok"] and report["tiers"] == [] and report["vllm_tiers"] == ["example"]
+
+
+# vLLM 0.33's out-of-tree example from the same docstring: a tier class in a user's package.
+VLLM_OOT_EXAMPLE: dict[str, Any] = {
+    "cpu_bytes_to_use": 10737418240,
+    "secondary_tiers": [
+        {"type": "MyCustomTier", "module_path": "my_package.my_module", "custom_param": "value"}
+    ],
+}
+
+
+def test_vllm_out_of_tree_example_names_the_module_or_is_left_to_vllm() -> None:
+    # As kvtier's own config: kvtier loads the tier itself and names the key it cannot import.
+    with pytest.raises(PluginError) as err:
+        check_config(VLLM_OOT_EXAMPLE)
+    assert str(err.value).startswith(
+        "secondary_tiers[0].module_path: cannot import module 'my_package.my_module'"
+    )
+    # Inside --kv-transfer-config it is vLLM's tier (not a KvtierTier entry): listed, left to vLLM.
+    raw = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {**VLLM_OOT_EXAMPLE, "spec_name": "TieringOffloadingSpec"},
+    }
+    report = check_config(raw)
+    assert report["ok"] and report["tiers"] == [] and report["vllm_tiers"] == ["MyCustomTier"]
 
 
 def test_kv_transfer_config_checks_and_round_trips_each_kvtier_tier(tmp_path: Path) -> None:
