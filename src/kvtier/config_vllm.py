@@ -12,6 +12,7 @@ Shared by kvtier's config loader, ``kvtier check`` and the vLLM adapter
 * :func:`explain_vllm_key`: what vLLM means by a key kvtier's own config does not take, and what to
   write instead (a one-line :class:`~kvtier.errors.ConfigError`).
 * :func:`fs_threads`: vLLM's fs keys ``n_read_threads``/``n_write_threads`` in kvtier's fs terms.
+* :func:`inline_secrets`: which keys of an entry hold a secret in the JSON itself (vLLM logs it).
 * :func:`vllm_namespace`: kvtier's key namespace of a vLLM offloading config, so a model, KV layout,
   block size or dtype change never reuses old blocks.
 """
@@ -23,6 +24,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyNamespace, make_namespace
@@ -33,6 +35,7 @@ __all__ = [
     "AdapterOptions",
     "explain_vllm_key",
     "fs_threads",
+    "inline_secrets",
     "is_adapter_entry",
     "is_kv_transfer_config",
     "kvtier_mapping",
@@ -270,12 +273,48 @@ def split_adapter_entry(entry: Mapping[str, Any], path: str) -> tuple[AdapterOpt
     options = {k: v for k, v in entry.items() if k not in _ADAPTER_KEYS and k not in _FACTORY_KEYS}
     if tier == "fs" and opts.tier_module_path is None:
         options = fs_threads(options, path)
+    if tier == "p2p" and opts.tier_module_path is None and "serve" in options:
+        # kvtier's block server serves a kvtier engine's primary tier; vLLM's primary tier is
+        # vLLM's (its slots are evicted and reused without telling a secondary tier).
+        raise ConfigError(
+            f"{path}serve",
+            "inside vLLM the p2p tier cannot serve vLLM's primary tier to peers; remove serve "
+            "(this instance then loads blocks from its peers / directory only)",
+        )
     kv_entry: dict[str, Any] = {"type": tier, **options}
     if opts.tier_module_path is not None:
         kv_entry["module_path"] = opts.tier_module_path
     if opts.name is not None:
         kv_entry["name"] = opts.name
     return opts, kv_entry
+
+
+# Tier options that hold a credential inline, and the option that names an env variable instead.
+_SECRET_KEYS = {
+    "secret_access_key": "secret_key_env",
+    "access_key_id": "access_key_env",
+    "session_token": "an AWS profile or role",
+}
+
+
+def inline_secrets(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(key, what to write instead)`` for each option of ``entry`` that holds a secret inline.
+
+    vLLM 0.33 logs every non-default argument at start-up, ``--kv-transfer-config`` included and
+    unredacted (vllm/entrypoints/common/startup.py, lines 50-96), so a secret in the JSON ends up
+    in vLLM's log; kvtier's tiers read it from the environment variable an ``*_env`` option names.
+    A ``url`` with a password counts too (write ``password_env``).
+    """
+    out = [(k, alt) for k, alt in _SECRET_KEYS.items() if entry.get(k)]
+    url = entry.get("url")
+    if isinstance(url, str):
+        try:
+            has_password = bool(urlsplit(url).password)
+        except ValueError:  # a malformed URL: the tier itself reports it
+            has_password = False
+        if has_password:
+            out.append(("url", "password_env"))
+    return out
 
 
 def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from kvtier.cli.check import check_config
 from kvtier.config import load_config
-from kvtier.config_vllm import ADAPTER_CLASS, ADAPTER_MODULE, split_adapter_entry
-from kvtier.errors import ConfigError
+from kvtier.config_vllm import ADAPTER_CLASS, ADAPTER_MODULE, inline_secrets, split_adapter_entry
+from kvtier.errors import ConfigError, PluginError
 
 # vLLM 0.33's own example config, verbatim from the TieringOffloadingSpec docstring (tiering/spec.py).
 VLLM_EXAMPLE: dict[str, Any] = {
@@ -67,6 +67,31 @@ def test_vllm_example_inside_kv_transfer_config_passes_check() -> None:
     raw["kv_connector_extra_config"] = {**VLLM_EXAMPLE, "spec_name": "TieringOffloadingSpec"}
     report = check_config(raw)
     assert report["ok"] and report["tiers"] == [] and report["vllm_tiers"] == ["example"]
+
+
+# vLLM 0.33's out-of-tree example from the same docstring: a tier class in a user's package.
+VLLM_OOT_EXAMPLE: dict[str, Any] = {
+    "cpu_bytes_to_use": 10737418240,
+    "secondary_tiers": [
+        {"type": "MyCustomTier", "module_path": "my_package.my_module", "custom_param": "value"}
+    ],
+}
+
+
+def test_vllm_out_of_tree_example_names_the_module_or_is_left_to_vllm() -> None:
+    # As kvtier's own config: kvtier loads the tier itself and names the key it cannot import.
+    with pytest.raises(PluginError) as err:
+        check_config(VLLM_OOT_EXAMPLE)
+    assert str(err.value).startswith(
+        "secondary_tiers[0].module_path: cannot import module 'my_package.my_module'"
+    )
+    # Inside --kv-transfer-config it is vLLM's tier (not a KvtierTier entry): listed, left to vLLM.
+    raw = {
+        "kv_connector": "OffloadingConnector",
+        "kv_connector_extra_config": {**VLLM_OOT_EXAMPLE, "spec_name": "TieringOffloadingSpec"},
+    }
+    report = check_config(raw)
+    assert report["ok"] and report["tiers"] == [] and report["vllm_tiers"] == ["MyCustomTier"]
 
 
 def test_kv_transfer_config_checks_and_round_trips_each_kvtier_tier(tmp_path: Path) -> None:
@@ -172,3 +197,59 @@ def test_fs_thread_keys_sum_like_vllms_two_pools(
         assert threads == (n_read if give_r else 16) + (n_write if give_w else 16)
     else:
         assert threads is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"url": "redis://:pw@10.0.0.5:6379/0"}, [("url", "password_env")]),
+        ({"url": "rediss+cluster://user:pw@10.0.0.5:7000"}, [("url", "password_env")]),
+        ({"url": "redis://user@10.0.0.5:6379/0"}, []),  # a user name is no secret
+        ({"url": "redis://10.0.0.5:6379/0", "password_env": "P"}, []),
+        ({"secret_access_key": "s", "access_key_id": "a"}, [
+            ("secret_access_key", "secret_key_env"), ("access_key_id", "access_key_env")]),
+        ({"access_key_env": "A", "secret_key_env": "S"}, []),
+        ({"url": "redis://[bad"}, []),  # malformed: the tier reports it, never this check
+    ],
+)  # fmt: skip
+def test_inline_secrets_names_the_key_and_the_env_option(
+    entry: dict[str, Any], expected: list[tuple[str, str]]
+) -> None:
+    assert inline_secrets(entry) == expected
+
+
+_NAMES = {
+    ("url", "password_env"),
+    ("secret_access_key", "secret_key_env"),
+    ("access_key_id", "access_key_env"),
+    ("session_token", "an AWS profile or role"),
+}
+
+
+@given(
+    password=st.text(alphabet=st.characters(blacklist_characters="@/:#?[]", blacklist_categories=("Cs",))),
+    key=st.sampled_from(["secret_access_key", "access_key_id", "session_token", "bucket"]),
+    value=st.text(),
+)
+def test_inline_secrets_reports_fixed_names_never_values(password: str, key: str, value: str) -> None:
+    found = inline_secrets({"url": f"redis://u:{password}@h:1/0", key: value})
+    # Only fixed (key, option) names come back, so no value can reach the log line built from them.
+    assert set(found) <= _NAMES
+    assert (("url", "password_env") in found) == bool(password)
+    assert any(k == key for k, _ in found) == (bool(value) and key != "bucket")
+
+
+def test_p2p_serve_in_a_kvtier_entry_is_refused_naming_the_key() -> None:
+    entry = {
+        "type": ADAPTER_CLASS,
+        "module_path": ADAPTER_MODULE,
+        "tier": "p2p",
+        "peers": ["h:1"],
+        "serve": {},
+    }
+    with pytest.raises(ConfigError) as err:
+        split_adapter_entry(entry, "KvtierTier.")
+    assert err.value.key_path == "KvtierTier.serve"
+    assert "remove serve" in str(err.value)
+    opts, kv_entry = split_adapter_entry({k: v for k, v in entry.items() if k != "serve"}, "KvtierTier.")
+    assert opts.tier == "p2p" and kv_entry == {"type": "p2p", "peers": ["h:1"]}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from vllm_helpers import (
     ADAPTER,
+    assert_exact,
     kvtier_entry,
     need_vllm,
     offload_keys,
@@ -28,13 +29,6 @@ from kvtier.integrations import vllm as adapter  # noqa: E402
 PROBE = {**ADAPTER, "tier": "ProbeTier", "tier_module_path": "vllm_probe_tier"}
 
 
-def _exact(out: dict[bytes, np.ndarray | None], keys: list[bytes]) -> None:
-    for key in keys:
-        got = out[key]
-        assert got is not None, "stored block missed"
-        assert np.array_equal(got, payload(key, got.size)), "loaded bytes differ from the stored block"
-
-
 def test_factory_loads_the_adapter_by_module_path(tmp_path: Path) -> None:
     with vllm_stack(tmp_path) as stack:
         tier = stack.tier
@@ -44,14 +38,14 @@ def test_factory_loads_the_adapter_by_module_path(tmp_path: Path) -> None:
         assert tier.medium.name == "STORAGE"
 
 
-def test_store_then_lookup_hit_then_load_is_byte_exact(tmp_path: Path) -> None:
+def test_store_then_lookup_hit_then_load_is_byteassert_exact(tmp_path: Path) -> None:
     keys = offload_keys(6)
     with vllm_stack(tmp_path) as stack:
         assert stack.store(keys) == keys
         assert stack.tier.kvtier_tier.get_stats()["stores"] == 6
         stack.wipe_primary()  # every chunk overwritten: a HIT must copy the bytes back
         out = stack.load(keys)
-        _exact(out, keys)
+        assert_exact(out, keys)
         assert stack.tier.kvtier_tier.get_stats()["loads"] == 6
 
 
@@ -60,7 +54,7 @@ def test_second_instance_on_the_same_root_hits_the_first_ones_blocks(tmp_path: P
     with vllm_stack(tmp_path) as a:
         a.store(keys)
     with vllm_stack(tmp_path) as b:  # a new engine id, a new primary region, the same fs root
-        _exact(b.load(keys), keys)
+        assert_exact(b.load(keys), keys)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +69,7 @@ def test_a_layout_change_never_reuses_old_blocks(tmp_path: Path, change: dict[st
     with vllm_stack(tmp_path, **change) as b:  # type: ignore[arg-type]
         assert b.load(keys) == {k: None for k in keys}
     with vllm_stack(tmp_path) as c:  # and the unchanged layout still hits
-        _exact(c.load(keys), keys)
+        assert_exact(c.load(keys), keys)
 
 
 def test_cache_salt_keeps_deployments_apart(tmp_path: Path) -> None:
@@ -99,7 +93,7 @@ def test_a_corrupt_block_is_a_miss_never_wrong_bytes(tmp_path: Path) -> None:
     with vllm_stack(tmp_path) as b:
         out = b.load(keys)
         assert out[victim] is None or np.array_equal(out[victim], payload(victim))
-        _exact(out, [keys[0], keys[2]])
+        assert_exact(out, [keys[0], keys[2]])
         # vLLM promoted the corrupt block (the index had it) and got a partial success back.
         assert b.tier.kvtier_tier.get_stats()["corrupt"] == 1
         assert b.load([victim]) == {victim: None}
@@ -113,7 +107,7 @@ def test_partial_promotion_reports_the_keys_that_landed(tmp_path: Path) -> None:
         out = stack.load(keys)
         # One batched promotion job; the probe tier drops its last key.
         assert sum(v is None for v in out.values()) == 1
-        _exact(out, [k for k, v in out.items() if v is not None])
+        assert_exact(out, [k for k, v in out.items() if v is not None])
 
 
 def test_a_raising_backend_becomes_failed_jobs_not_an_engine_crash(tmp_path: Path) -> None:
@@ -136,7 +130,7 @@ def test_duplicate_reports_reach_vllm_once(tmp_path: Path, caplog: pytest.LogCap
         stack.store(keys[:2])
         stack.store(keys[2:])
         stack.wipe_primary()
-        _exact(stack.load(keys), keys)
+        assert_exact(stack.load(keys), keys)
     dup = [r for r in caplog.records if "not in flight" in r.getMessage()]
     assert len(dup) == 1
 
@@ -152,7 +146,7 @@ def test_drain_waits_for_copies_in_flight(tmp_path: Path) -> None:
         assert stack.manager._jobs == {}
         assert len(probe.blocks) == 4  # nothing aborted: every copy finished
         stack.wipe_primary()
-        _exact(stack.load(keys), keys)
+        assert_exact(stack.load(keys), keys)
 
 
 def test_vllm_backpressure_is_fed_and_respected(tmp_path: Path) -> None:

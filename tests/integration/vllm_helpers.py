@@ -124,6 +124,14 @@ def payload(key: bytes, n: int = ROW_BYTES) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
+def assert_exact(out: Mapping[bytes, np.ndarray | None], keys: Sequence[bytes]) -> None:
+    """Every key of ``keys`` was a HIT and its bytes are the ones stored under it."""
+    for key in keys:
+        got = out[key]
+        assert got is not None, f"stored block {key.hex()[:16]} missed"
+        assert np.array_equal(got, payload(key, got.size)), "loaded bytes differ from the stored block"
+
+
 class VllmStack:
     """vLLM's real spec + tiering manager, and the scheduler's call sequence (see the module doc)."""
 

@@ -30,6 +30,12 @@ What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.
     * **Newer vLLM.** Keyword arguments neither vLLM 0.33 nor the kvtier tier knows are accepted and
       logged once per process (``kvtier check`` refuses them in a config file).
 
+Remote tiers (``redis``, ``obj``, ``mooncake``, ``p2p``) take their options in the same entry;
+secrets come from environment variables the entry names (``password_env``, ``secret_key_env``,
+``secret_env``), never from a value vLLM would print with its config. ``p2p`` is a client here:
+vLLM owns its primary tier, so ``serve`` is refused and stores move nothing; hits count as vLLM's
+``p2p`` cache-hit source.
+
 Namespace: the kvtier tier's namespace is derived from the offloading spec (model, dtype, KV
 groups, block and chunk size, parallel layout, row size; see
 :func:`~kvtier.config_vllm.vllm_namespace`) plus ``cache_salt``, so a layout change
@@ -65,7 +71,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config_vllm import ADAPTER_CLASS, split_adapter_entry, vllm_namespace
+from kvtier.config_vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
@@ -165,6 +171,15 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         )
         path = f"{ADAPTER_CLASS}."
         opts, entry = split_adapter_entry(options, path)
+        for key, instead in inline_secrets(entry):
+            # The key's name only: the value is the secret.
+            _log_once(
+                f"inline-secret:{key}",
+                "kvtier: KvtierTier option %r holds a secret in --kv-transfer-config, which vLLM logs at "
+                "start-up; name an environment variable instead (%s)",
+                key,
+                instead,
+            )
         if opts.enable_kv_events:
             _log_once(
                 "enable_kv_events", "kvtier: KvtierTier publishes no KV events; enable_kv_events is ignored"
@@ -192,6 +207,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             path = exc.key_path.replace("secondary_tiers[0]", ADAPTER_CLASS, 1)
             raise ConfigError(path, exc.detail) from exc
         medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
+        if getattr(self._tier, "p2p_serves", False):
+            source = CacheHitSource.P2P  # blocks from a peer's memory: vLLM's own p2p hit source
         # Per instance: one adapter class fronts tiers of every medium.
         self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
         self.cache_hit_source = source  # type: ignore[misc]
