@@ -153,8 +153,8 @@ def test_a_slow_tier_is_throttled_visibly_in_stats() -> None:
     ``dropped_stores`` and shows the gate in ``get_stats()``; when it is fast again stores flow."""
     primary = PrimaryBuffer.heap(4, 4096, 4096)
     cfg = GateConfig(
-        high_water=2.0, low_water=0.5, drop_water=4.0, alpha=1.0, probe_interval=0.05, min_bytes=1
-    )
+        high_water=20.0, low_water=10.0, drop_water=40.0, alpha=1.0, probe_interval=0.05, min_bytes=1
+    )  # marks far above what a 4 KiB store costs on a loaded machine (20 s/MiB = 78 ms per store)
     tier = SlowTier(primary, StoreGate(cfg))
     try:
         ids = iter(range(1, 1000))
@@ -166,10 +166,10 @@ def test_a_slow_tier_is_throttled_visibly_in_stats() -> None:
 
         assert store(0)
         assert tier.get_stats()["gate_state"] == 0
-        tier.delay = 0.05  # 4096 bytes in 50 ms = ~12.8 s/MiB: over the drop mark
+        tier.delay = 0.5  # 4096 bytes in 500 ms = 128 s/MiB: over the drop mark
         assert store(1)
         stats = tier.get_stats()
-        assert stats["gate_state"] == 2 and stats["gate_ms_per_mib"] > 4000
+        assert stats["gate_state"] == 2 and stats["gate_ms_per_mib"] > 40000
         assert not store(2)
         assert tier.get_stats()["dropped_stores"] == 1 and tier.get_stats()["gate_throttled"] == 1
         tier.delay = 0.0
