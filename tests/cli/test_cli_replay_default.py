@@ -1,6 +1,6 @@
 """The README's first command: ``kvtier replay`` with no arguments, no server.
 
-Its speed is measured, not asserted (it takes ~20 s on a quiet 2-core machine): the test bounds it by
+Its speed is measured, not asserted (about 8 s on a quiet 2-core machine, per the README): the test bounds it by
 a timeout so a hang fails, and reports the time it took."""
 
 from __future__ import annotations
