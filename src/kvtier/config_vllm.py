@@ -13,6 +13,8 @@ Shared by kvtier's config loader, ``kvtier check`` and the vLLM adapter
   write instead (a one-line :class:`~kvtier.errors.ConfigError`).
 * :func:`fs_threads`: vLLM's fs keys ``n_read_threads``/``n_write_threads`` in kvtier's fs terms.
 * :func:`inline_secrets`: which keys of an entry hold a secret in the JSON itself (vLLM logs it).
+* :func:`spec_block`: the ``kvtier`` block of a ``KvtierOffloadingSpec`` config
+  (:mod:`kvtier.integrations.vllm_spec`), with vLLM's keys refused where vLLM decides them.
 * :func:`vllm_namespace`: kvtier's key namespace of a vLLM offloading config, so a model, KV layout,
   block size or dtype change never reuses old blocks.
 """
@@ -23,9 +25,11 @@ import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvtier.config_files import read_config_file
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyNamespace, make_namespace
 
@@ -38,7 +42,9 @@ __all__ = [
     "inline_secrets",
     "is_adapter_entry",
     "is_kv_transfer_config",
+    "is_spec_config",
     "kvtier_mapping",
+    "spec_block",
     "split_adapter_entry",
     "vllm_namespace",
     "vllm_owned_tiers",
@@ -49,6 +55,28 @@ ADAPTER_CLASS = "KvtierTier"
 EXTRA = "kv_connector_extra_config"
 TIERING_SPEC = "TieringOffloadingSpec"
 CONNECTOR = "OffloadingConnector"
+SPEC_MODULE = "kvtier.integrations.vllm_spec"
+SPEC_CLASS = "KvtierOffloadingSpec"
+KVTIER_KEY = "kvtier"
+_WHERE = f"{EXTRA}.{KVTIER_KEY}"
+# kvtier keys the spec derives from vLLM: what to write instead.
+_SET_BY_VLLM = {
+    "cpu_bytes_to_use": "set it at the top of kv_connector_extra_config (vLLM sizes its region from it)",
+    "block_bytes": "remove it: a block is one vLLM chunk (vLLM's block_size / blocks_per_chunk)",
+    "primary_backing": "remove it: the primary buffer is vLLM's shared offload region",
+    "shm_name": "remove it: the primary buffer is vLLM's shared offload region",
+    "model": "remove it: the namespace comes from vLLM's model, KV layout and chunk size",
+}
+# vLLM's keys for its own primary tier / tiering manager, which the spec does not build.
+_VLLM_ONLY = (
+    "eviction_policy",
+    "cache_policy_module_path",
+    "secondary_tiers",
+    "store_threshold",
+    "max_tracker_size",
+    "backpressure",
+    "tier_poll_interval_s",
+)
 
 # Fields of vLLM 0.33's KVTransferConfig (vllm/config/kv_transfer.py): the whole
 # --kv-transfer-config object. Everything but the extra config is vLLM's business.
@@ -317,6 +345,36 @@ def inline_secrets(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def is_spec_config(extra: Mapping[str, Any]) -> bool:
+    """True when ``kv_connector_extra_config`` selects kvtier's own spec (``KvtierOffloadingSpec``)."""
+    return extra.get("spec_module_path") == SPEC_MODULE and extra.get("spec_name") == SPEC_CLASS
+
+
+def spec_block(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's kvtier config under ``kv_connector_extra_config.kvtier`` (a mapping, or a path to a
+    JSON/YAML file), without what vLLM decides.
+
+    Raises a one-line :class:`~kvtier.errors.ConfigError` naming the key for vLLM's own tier keys
+    beside the spec (it replaces them) and for kvtier keys vLLM decides (size, block, namespace).
+    """
+    for key in _VLLM_ONLY:
+        if key in extra:
+            raise ConfigError(
+                key,
+                f"configures vLLM's own offloading tiers, which {SPEC_CLASS} replaces; write "
+                f"kvtier's equivalent under {_WHERE} (e.g. {_WHERE}.{key.replace('cache_policy_', '')})",
+            )
+    raw = extra.get(KVTIER_KEY, {})
+    if isinstance(raw, str):
+        raw = read_config_file(Path(raw).expanduser())
+    if not isinstance(raw, Mapping):
+        raise ConfigError(KVTIER_KEY, f"expected kvtier's config (a mapping or a file path), got {raw!r}")
+    for key, fix in _SET_BY_VLLM.items():
+        if key in raw:
+            raise ConfigError(f"{KVTIER_KEY}.{key}", fix)
+    return dict(raw)
+
+
 def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """vLLM's ``--kv-transfer-config`` object -> (kvtier config mapping, original tier indices).
 
@@ -326,6 +384,11 @@ def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
     to vLLM.
     """
     extra = _extra(raw)
+    if is_spec_config(extra):
+        # kvtier's spec: the whole engine is the kvtier block (block_bytes is vLLM's chunk at run time).
+        block = spec_block(extra)
+        count = len(block.get("secondary_tiers") or [])
+        return {**block, "cpu_bytes_to_use": extra["cpu_bytes_to_use"]}, list(range(count))
     tiers: list[dict[str, Any]] = []
     indices: list[int] = []
     for i, entry in enumerate(extra.get("secondary_tiers", [])):

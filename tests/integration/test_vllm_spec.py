@@ -412,6 +412,38 @@ def test_a_layout_change_changes_the_namespace() -> None:
     assert a.kvtier_config["model"] == c.kvtier_config["model"]  # engine id is not in it
 
 
+def _check(raw: Mapping[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from kvtier.cli.main import main
+
+    code = main(["check", json.dumps(raw)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_kvtier_check_validates_the_spec_forms_kvtier_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kvtier check`` on the spec form reads the ``kvtier`` block itself: its tiers are
+    round-tripped, and a typo in it or a key vLLM decides fails naming the key."""
+    good = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": extra({"eviction_policy": "sieve",
+                                                "secondary_tiers": [fs_tier(tmp_path / "kv")]},
+                                               chunks=512)}  # fmt: skip
+    # block_bytes is vLLM's chunk at run time; check probes with kvtier's default block size.
+    code, out = _check(good, capsys)
+    assert code == 0, out
+    assert "fs0" in out and "sieve" in out
+    for block, key in (
+        ({"evicton_policy": "lru"}, "evicton_policy"),
+        ({"block_bytes": 4096}, "kvtier.block_bytes"),
+        ({"secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "x"), "thraeds": 2}]}, "thraeds"),
+    ):
+        bad = {**good, "kv_connector_extra_config": extra(block, chunks=512)}
+        code, out = _check(bad, capsys)
+        assert code != 0 and key in out, (block, out)
+    assert not (tmp_path / "x").exists()  # nothing written before the whole config validated
+
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 _DOC_SECTION = "## kvtier's whole engine as vLLM's offloading spec"
 

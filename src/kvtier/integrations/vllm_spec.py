@@ -52,9 +52,8 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import load_config
-from kvtier.config_vllm import vllm_namespace
+from kvtier.config_vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
-from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
 
@@ -62,26 +61,6 @@ __all__ = ["KvtierOffloadingManager", "KvtierOffloadingSpec", "engine_config"]
 
 log = logging.getLogger("kvtier.integrations.vllm_spec")
 
-KVTIER_KEY = "kvtier"
-_WHERE = f"kv_connector_extra_config.{KVTIER_KEY}"
-# kvtier keys the spec derives from vLLM: what to write instead.
-_SET_BY_VLLM = {
-    "cpu_bytes_to_use": "set it at the top of kv_connector_extra_config (vLLM sizes its region from it)",
-    "block_bytes": "remove it: a block is one vLLM chunk (vLLM's block_size / blocks_per_chunk)",
-    "primary_backing": "remove it: the primary buffer is vLLM's shared offload region",
-    "shm_name": "remove it: the primary buffer is vLLM's shared offload region",
-    "model": "remove it: the namespace comes from vLLM's model, KV layout and chunk size",
-}
-# vLLM's keys for its own primary tier / tiering manager, which this spec does not build.
-_VLLM_ONLY = (
-    "eviction_policy",
-    "cache_policy_module_path",
-    "secondary_tiers",
-    "store_threshold",
-    "max_tracker_size",
-    "backpressure",
-    "tier_poll_interval_s",
-)
 _LOOKUP = {
     int(LookupCode.MISS): LookupResult.MISS,
     int(LookupCode.HIT): LookupResult.HIT,
@@ -100,23 +79,7 @@ def engine_config(offloading_config: Any, *, num_chunks: int, kv_bytes_per_chunk
     ``cost_model``, ``tokens_per_block`` = tokens of one chunk unless given. Raises a one-line
     :class:`~kvtier.errors.ConfigError` naming the key for anything that would configure nothing.
     """
-    extra: Mapping[str, Any] = offloading_config.extra_config
-    for key in _VLLM_ONLY:
-        if key in extra:
-            raise ConfigError(
-                key,
-                f"configures vLLM's own offloading tiers, which KvtierOffloadingSpec replaces; write "
-                f"kvtier's equivalent under {_WHERE} (e.g. {_WHERE}.{key.replace('cache_policy_', '')})",
-            )
-    raw = extra.get(KVTIER_KEY, {})
-    if isinstance(raw, str):
-        raw = dict(load_config(raw).raw)
-    if not isinstance(raw, Mapping):
-        raise ConfigError(KVTIER_KEY, f"expected kvtier's config (a mapping or a file path), got {raw!r}")
-    for key, fix in _SET_BY_VLLM.items():
-        if key in raw:
-            raise ConfigError(f"{KVTIER_KEY}.{key}", fix)
-    cfg = dict(raw)
+    cfg = spec_block(offloading_config.extra_config)
     ns = vllm_namespace(offloading_config, row_bytes=kv_bytes_per_chunk)
     cfg["model"] = f"{offloading_config.model.name}#vllm-{ns.fingerprint.hex()}"
     cfg["cpu_bytes_to_use"] = num_chunks * kv_bytes_per_chunk
