@@ -227,7 +227,10 @@ _NAMES = {
 
 
 @given(
-    password=st.text(alphabet=st.characters(blacklist_characters="@/:#?[]", blacklist_categories=("Cs",))),
+    # No control characters: urlsplit drops tab/CR/LF (WHATWG URL parsing), so none is a password.
+    password=st.text(
+        alphabet=st.characters(blacklist_characters="@/:#?[]", blacklist_categories=("Cs", "Cc"))
+    ),
     key=st.sampled_from(["secret_access_key", "access_key_id", "session_token", "bucket"]),
     value=st.text(),
 )
