@@ -97,7 +97,10 @@ def block_files(ns_dir: str | Path) -> dict[str, int]:
 def _writer(args: dict[str, Any]) -> None:
     """Store batches of keys forever (crash test) or a fixed list (capacity test)."""
     primary = aligned_primary(args["batch"], args["block_bytes"])
-    tier = make_tier(primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2))
+    tier = make_tier(
+        primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2),
+        **args.get("options", {}),
+    )  # fmt: skip
     tier.wait_scan()
     prefix, count, batch = args["prefix"], args.get("count", 1 << 30), args["batch"]
     stored: list[str] = []

@@ -27,11 +27,13 @@ import xxhash
 
 __all__ = [
     "SEAL",
+    "SEAL_BYTES",
     "SEG_DIR",
     "IndexRecord",
     "SegmentName",
     "decode_records",
     "encode_record",
+    "idx_bytes",
     "parse_name",
 ]
 
@@ -87,6 +89,15 @@ class IndexRecord:
 
 
 SEAL = IndexRecord(b"", 0, 0)
+
+
+def idx_bytes(key_len: int) -> int:
+    """Bytes of the index record of a key of ``key_len`` bytes."""
+    return _FIXED.size + key_len + _SUM.size
+
+
+#: Bytes of the seal record (reserved in every segment's cap from the start).
+SEAL_BYTES = _FIXED.size + _SUM.size
 
 
 def encode_record(rec: IndexRecord) -> bytes:

@@ -43,7 +43,15 @@ from kvtier.tiers.backpressure import StoreGate
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.safe import ForeignFileError
 from kvtier.tiers.fs.segment_files import SegmentDir
-from kvtier.tiers.fs.segment_index import SEAL, IndexRecord, SegmentName, decode_records, encode_record
+from kvtier.tiers.fs.segment_index import (
+    SEAL,
+    SEAL_BYTES,
+    IndexRecord,
+    SegmentName,
+    decode_records,
+    encode_record,
+    idx_bytes,
+)
 from kvtier.tiers.fs.segment_map import SegmentMap
 from kvtier.tiers.fs.trust import MAC_LEN
 
@@ -74,7 +82,8 @@ class _Active:
     name: SegmentName
     wfd: int
     ifd: int
-    size: int = 0
+    size: int = 0  # data bytes (the next record's offset)
+    used: int = SEAL_BYTES  # data + index bytes, counted against the cap (the seal is reserved)
     writers: int = 0
     retired: bool = False
 
@@ -183,7 +192,7 @@ class SegmentStore:
         pos = 0
         try:
             while pos < len(recs):
-                seg, off, n = self._allocate([len(h) + bb for _, h, _ in recs[pos:]])
+                seg, off, n = self._allocate([(len(h) + bb, idx_bytes(len(k))) for k, h, _ in recs[pos:]])
                 try:
                     placed = self._append(seg, off, recs[pos : pos + n])
                 finally:
@@ -225,22 +234,24 @@ class SegmentStore:
             os.fdatasync(seg.ifd)
         return placed
 
-    def _allocate(self, sizes: list[int]) -> tuple[_Active, int, int]:
-        """Offsets for the longest prefix of ``sizes`` that fits the active segment (rolled over
-        when even the first does not fit): ``(segment, offset, count)``."""
+    def _allocate(self, sizes: list[tuple[int, int]]) -> tuple[_Active, int, int]:
+        """Offsets for the longest prefix of ``sizes`` (data, index bytes of each record) whose
+        data and index records fit the active segment's cap (rolled over when even the first
+        does not fit): ``(segment, offset, count)``."""
         with self._wlock:
             seg = self._active
-            if seg is None or seg.size + sizes[0] > seg.name.cap:
+            if seg is None or seg.used + sum(sizes[0]) > seg.name.cap:
                 seg = self._roll()
-            n, total = 0, 0
-            for s in sizes:
-                if seg.size + total + s > seg.name.cap:
+            n, data, total = 0, 0, 0
+            for d, i in sizes:
+                if seg.used + total + d + i > seg.name.cap:
                     break
-                n, total = n + 1, total + s
+                n, data, total = n + 1, data + d, total + d + i
             if n == 0:  # a record larger than a segment (the options forbid it)
                 raise _NoRoom
             off = seg.size
-            seg.size += total
+            seg.size += data
+            seg.used += total
             seg.writers += 1
             return seg, off, n
 
@@ -312,6 +323,7 @@ class SegmentStore:
             os.fdatasync(seg.wfd)
         os.write(seg.ifd, b"".join(encode_record(IndexRecord(k, o, n)) for k, o, n in placed))
         seg.size = off
+        seg.used += off + sum(idx_bytes(len(k)) for k, _ in carry)
         with self._lock:
             now = time.time()
             for key, o, n in placed:

@@ -60,6 +60,7 @@ from kvtier.tiers.fs.options import (
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
+from kvtier.tiers.fs.segment_index import idx_bytes
 from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
@@ -154,7 +155,7 @@ class FsTier(AsyncTier):
         precreate = check_bool("precreate_dirs", precreate_dirs)
         self.shared_root = check_bool("shared_root", shared_root)
         small = context.block_bytes <= small_block_limit(small_block_bytes)
-        record = record_size(32, context.block_bytes, self.shared_root)
+        record = record_size(32, context.block_bytes, self.shared_root) + idx_bytes(32)
         seg_cap = segment_cap(segment_bytes, self.max_bytes, record) if small else 0
         self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
         check_max_bytes(self.max_bytes, self.layout.root_dir)
@@ -218,6 +219,13 @@ class FsTier(AsyncTier):
                     fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
                     refresh_interval=self.refresh_interval,
                 )  # fmt: skip
+            except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
+                self.accounting.close()
+                raise ConfigError(
+                    "root_dir",
+                    f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
+                    "of yours, not a link: remove it",
+                ) from exc
             except BaseException:
                 self.accounting.close()
                 raise
