@@ -52,6 +52,7 @@ from kvtier.tiers.fs.segment_index import (
     encode_record,
     idx_bytes,
 )
+from kvtier.tiers.fs.segment_load import SegmentReader
 from kvtier.tiers.fs.segment_map import SegmentMap
 from kvtier.tiers.fs.trust import MAC_LEN
 
@@ -132,6 +133,9 @@ class SegmentStore:
         self.dir = SegmentDir(parts.layout.ns_dir, owners)
         #: Where each small block is (tier lock).
         self.map = SegmentMap(parts, self.dir)
+        self.reader = SegmentReader(
+            parts, self.map, self.dir, rows=rows, block_bytes=block_bytes, verify=verify
+        )
         self._wlock = threading.Lock()
         self._active: _Active | None = None
         #: Our segments still written to (the active one, retired ones with writes in flight).
@@ -392,9 +396,12 @@ class SegmentStore:
     def refresh(self) -> None:
         """Forget segments that are gone; read the new index records of the others' segments."""
         with self._refresh_lock:
+            with self._lock:
+                # Known before the listing: a segment created meanwhile is not "gone".
+                before = list(self.map.segs)
             listing = self.dir.listing()
             with self._lock:
-                gone = [n for n in self.map.segs if n not in listing]
+                gone = [n for n in before if n not in listing]
                 for n in gone:
                     self.map.drop_segment_locked(n)
                 segs = self.map.segs
@@ -457,77 +464,8 @@ class SegmentStore:
 
     # -- load (worker threads) --------------------------------------------------------------------------
     def read_chunk(self, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
-        ok: list[BlockKey] = []
-        error: str | None = None
-        for key, slot in items:
-            err = self._load_one(key, slot)
-            if err is None:
-                ok.append(key)
-            else:
-                error = error or err
-        with self._lock:
-            self.parts.index.touch_locked(ok, time.time())
-        return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
-
-    def _load_one(self, key: BlockKey, slot: int, retry: bool = True) -> str | None:
-        with self._lock:
-            loc = self.map.locs.get(key)
-        if loc is None:
-            return "missing"
-        name, off, length = loc
-        out = self.rows[slot, : self.block_bytes].data
-        try:
-            fd = self.dir.acquire(name)
-        except ForeignFileError as exc:
-            self.parts.rlog.warning(
-                "foreign", f"kvtier fs {self.parts.name}: ignoring {exc.filename} ({exc.reason})"
-            )
-            with self._lock:
-                self.parts.stats.corrupt += 1
-                self.map.drop_segment_locked(name)
-            return f"foreign: {exc.reason}"
-        except FileNotFoundError:
-            with self._lock:
-                moved = self.map.locs.get(key) != loc  # compacted into another segment meanwhile
-                if not moved:
-                    self.map.forget_locked(key)
-            return self._load_one(key, slot, False) if moved and retry else "missing"
-        except OSError as exc:
-            return f"read error: {exc.strerror or exc}"
-        try:
-            head = bytearray(length - self.block_bytes)
-            got = os.preadv(fd, [head, out], off)
-            if got != length:
-                raise codec.CorruptBlockError("length", f"record is {got} bytes, expected {length}")
-            header = codec.parse_header(head, expected_key=key, ns_tag=self.parts.layout.ns_tag,
-                                        payload_len=self.block_bytes)  # fmt: skip
-            if header.header_len != len(head):
-                raise codec.CorruptBlockError(
-                    "header", f"header length {header.header_len}, expected {len(head)}"
-                )
-            mac = self.parts.mac
-            if mac is not None:
-                moff = codec.FIXED_HEADER_SIZE + len(key)
-                if len(head) < moff + MAC_LEN or not mac.check(
-                    head[:moff], out, bytes(head[moff : moff + MAC_LEN])
-                ):
-                    raise codec.CorruptBlockError("mac", "MAC does not verify (not written with this secret)")
-            if self.verify:
-                codec.verify_payload(header, out)
-        except codec.CorruptBlockError as exc:
-            self.parts.rlog.warning(
-                "corrupt",
-                f"kvtier fs {self.parts.name}: corrupt record of segment {name.stem} ({exc.reason})",
-            )
-            with self._lock:
-                self.parts.stats.corrupt += 1
-                self.map.forget_locked(key)
-            return f"corrupt: {exc.reason}"
-        except OSError as exc:
-            return f"read error: {exc.strerror or exc}"
-        finally:
-            self.dir.release(name, fd)
-        return None
+        """Fill each slot with its key's verified payload (:class:`~.segment_load.SegmentReader`)."""
+        return self.reader.read_chunk(items)
 
     # -- failures, stats, shutdown ------------------------------------------------------------------------
     def _failed(self, exc: OSError) -> str:
