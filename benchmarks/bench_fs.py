@@ -145,6 +145,7 @@ def bench_size(
     direct_io: str = "auto",
     job_blocks: int | None = None,
     shared_root: bool = False,
+    small_block_bytes: int | None = None,
 ) -> dict[str, Any]:
     """One block size: tier store/load (``job_blocks`` blocks per store job; default all in one)
     next to the raw loop over the same bytes, best of ``repeat`` interleaved rounds."""
@@ -161,6 +162,7 @@ def bench_size(
                 "threads": threads,
                 "direct_io": direct_io,
                 "shared_root": shared_root,
+                **({} if small_block_bytes is None else {"small_block_bytes": small_block_bytes}),
             }
         ],
     }
@@ -309,11 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         "--mac-size", default="1MiB",
         help="block size also run with shared_root: true (MAC-authenticated blocks); '' skips",
     )  # fmt: skip
+    ap.add_argument(
+        "--small-block-bytes", default=None,
+        help="the tier's small_block_bytes (default: the tier's; 0 sends every size to one file per block)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     from kvtier.config import parse_size
 
     sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",") if s.strip()]
+    small = None
+    if args.small_block_bytes is not None:
+        small = parse_size(args.small_block_bytes, "--small-block-bytes")
     root = tempfile.mkdtemp(prefix="kvtier-bench-fs-", dir=args.dir)
     t0 = time.perf_counter()
     try:
@@ -321,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             {min(int(j), args.blocks) for j in args.job_blocks.split(",") if j.strip()}, reverse=True
         )
         results = [
-            bench_size(root, s, args.blocks, args.threads, args.repeat, args.direct_io, j)
+            bench_size(
+                root, s, args.blocks, args.threads, args.repeat, args.direct_io, j, small_block_bytes=small
+            )
             for s in sizes
             for j in shapes
         ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -78,10 +79,10 @@ def parse_name(name: str) -> tuple[SegmentName, str] | None:
     return SegmentName(int(seq), token, int(cap)), kind
 
 
-@dataclass(frozen=True, slots=True)
-class IndexRecord:
+class IndexRecord(NamedTuple):
     """One block of a segment: ``key`` is at ``offset`` in the ``.dat`` file, ``length`` bytes
-    (header + payload). ``key == b""`` is the seal record (offset and length 0)."""
+    (header + payload). ``key == b""`` is the seal record (offset and length 0). A tuple: a restart
+    decodes one per block."""
 
     key: bytes
     offset: int
@@ -114,19 +115,19 @@ def decode_records(data: bytes | bytearray | memoryview) -> tuple[list[IndexReco
     Decoding stops at the first record that is incomplete (a torn or in-flight tail: read again
     later from the returned offset) or damaged (bad magic or checksum: nothing after it is trusted).
     """
-    view = memoryview(data).cast("B")
+    buf = bytes(data)
     out: list[IndexRecord] = []
     pos = 0
-    end = view.nbytes
+    end = len(buf)
     fixed, total = _FIXED.size, _FIXED.size + _SUM.size
+    unpack, unsum, digest = _FIXED.unpack_from, _SUM.unpack_from, xxhash.xxh3_64_intdigest
     while pos + total <= end:
-        magic, klen, length, offset = _FIXED.unpack_from(view, pos)
+        magic, klen, length, offset = unpack(buf, pos)
         stop = pos + fixed + klen
         if magic != _MAGIC or stop + _SUM.size > end:
             break
-        (want,) = _SUM.unpack_from(view, stop)
-        if xxhash.xxh3_64_intdigest(view[pos:stop]) != want:
+        if digest(buf[pos:stop]) != unsum(buf, stop)[0]:
             break
-        out.append(IndexRecord(bytes(view[pos + fixed : stop]), offset, length))
+        out.append(IndexRecord(buf[pos + fixed : stop], offset, length))
         pos = stop + _SUM.size
     return out, pos

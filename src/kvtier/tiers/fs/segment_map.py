@@ -82,6 +82,29 @@ class SegmentMap:
                 self.forget_locked(v, evicted=True)
         index.add_locked(key, length, now)
 
+    def place_many_locked(
+        self, name: SegmentName, recs: list[tuple[BlockKey, int, int]], when: float
+    ) -> None:
+        """:meth:`place_locked` for many records of one segment (the restart path: keys not yet
+        located are added in bulk, the policy filled with one ``insert_many``)."""
+        locs, index = self.locs, self.parts.index
+        policy = index.policy
+        fresh = [r for r in recs if r[0] not in locs and r[0] not in index.sizes]
+        if len(fresh) != len(recs) or len(policy) + len(fresh) > policy.capacity:
+            for key, off, length in recs:
+                self.place_locked(key, name, off, length, when)
+            return
+        seg = self.segs.get(name)
+        if seg is None:
+            seg = self.segs[name] = SegInfo(name)
+        keys = [k for k, _, _ in fresh]
+        locs.update((k, (name, off, n)) for k, off, n in fresh)
+        seg.keys.update(keys)
+        seg.live += sum(n for _, _, n in fresh)
+        index.sizes.update((k, n) for k, _, n in fresh)
+        index.access.update((k, when) for k in keys)
+        policy.insert_many(keys)
+
     def forget_locked(self, key: BlockKey, *, evicted: bool = False) -> None:
         loc = self.locs.pop(key, None)
         if loc is not None:

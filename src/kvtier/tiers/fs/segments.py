@@ -425,26 +425,28 @@ class SegmentStore:
             return  # removed meanwhile
         try:
             data = _read_all(fd, off)
+            # The restart order: a block counts as last used when its segment's index was written.
+            when = os.fstat(fd).st_mtime
         except OSError:
             return
         finally:
             os.close(fd)
         recs, used = decode_records(data)
         bb = self.block_bytes
-        now = time.time()
+        lo = codec.FIXED_HEADER_SIZE
+        # Records that cannot be of this namespace's block size, or lie past the cap, are never read.
+        good = [
+            (BlockKey(r.key), r.offset, r.length)
+            for r in recs
+            if r.key and r.length - bb >= lo + len(r.key) and r.offset + r.length <= name.cap
+        ]
         with self._lock:
             seg = self.map.segs.get(name)
             if seg is None:
                 seg = self.map.segs[name] = SegmentMap.new_seg(name)
             seg.idx_off = off + used
-            for r in recs:
-                if not r.key:
-                    seg.sealed = True
-                    continue
-                hlen = r.length - bb
-                if hlen < codec.FIXED_HEADER_SIZE + len(r.key) or r.offset + r.length > name.cap:
-                    continue  # cannot be a record of this namespace's block size: never read
-                self.map.place_locked(BlockKey(r.key), name, r.offset, r.length, now)
+            seg.sealed = seg.sealed or any(not r.key for r in recs)
+            self.map.place_many_locked(name, good, when)
 
     def _remove_orphans(self) -> None:
         """Half-created segments (one file of the two) of dead processes (inside a section)."""
