@@ -333,7 +333,6 @@ def test_a_symlinked_segment_directory_is_refused(tmp_path: Path) -> None:
         ({"small_block_bytes": "2GiB"}, "small_block_bytes"),
         ({"segment_bytes": 4096}, "segment_bytes"),
         ({"segment_bytes": SEG, "max_bytes": SEG}, "segment_bytes"),
-        ({"segment_bytes": None, "max_bytes": 40 * 1024}, "max_bytes"),
     ],
 )
 def test_bad_small_block_options_are_one_line_errors(
@@ -344,6 +343,17 @@ def test_bad_small_block_options_are_one_line_errors(
         h.make_tier(primary, tmp_path, **{**SMALL, **options})
     assert "\n" not in str(info.value)
     assert not (tmp_path / h.NAMESPACE).exists()  # checked before anything touched the disk
+
+
+def test_a_capacity_too_small_for_two_segments_keeps_one_file_per_block(tmp_path: Path) -> None:
+    primary = h.aligned_primary(2, BLOCK)
+    tier = h.make_tier(primary, tmp_path, small_block_bytes=65536, max_bytes=40 * 1024)
+    try:
+        assert tier.segments is None  # two default segments (1 MiB each) do not fit in 40 KiB
+        assert h.store(tier, primary, [h.key_of("tiny")]).success
+        assert len(h.block_files(tier.layout.ns_dir)) == 1
+    finally:
+        tier.shutdown()
 
 
 def test_blocks_above_the_threshold_keep_one_file_each(tmp_path: Path) -> None:

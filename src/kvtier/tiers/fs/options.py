@@ -65,26 +65,25 @@ def small_block_limit(value: object) -> int:
     return n
 
 
-def segment_cap(value: object, max_bytes: int | None, record: int) -> int:
+def segment_cap(value: object, max_bytes: int | None, record: int) -> int | None:
     """Bytes one segment may grow to: ``segment_bytes``, or by default ``max_bytes / 16`` within
     1-64 MiB (4 KiB multiples). A segment must hold ``SEG_MIN_RECORDS`` records of ``record``
-    bytes, and ``max_bytes`` two segments (compaction needs a second one)."""
+    bytes, and ``max_bytes`` two segments (compaction needs a second one). ``None``: by default,
+    a ``max_bytes`` too small for two segments (under 2 MiB) keeps one file per block instead."""
     need = SEG_MIN_RECORDS * record
     if value is None:
         cap = _SEG_MAX if max_bytes is None else min(_SEG_MAX, max(_SEG_MIN, max_bytes // 16))
-        if max_bytes is not None:
-            cap = min(cap, max_bytes // 2)
         cap = max(cap - cap % 4096, need)
-    else:
-        cap = parse_size(value, "segment_bytes")
-        if cap < need:
-            raise ConfigError(
-                "segment_bytes", f"{cap} bytes hold < {SEG_MIN_RECORDS} records of {record} bytes; raise it"
-            )
+        return None if max_bytes is not None and max_bytes < 2 * cap else cap
+    cap = parse_size(value, "segment_bytes")
+    if cap < need:
+        raise ConfigError(
+            "segment_bytes", f"{cap} bytes hold < {SEG_MIN_RECORDS} records of {record} bytes; raise it"
+        )
     if max_bytes is not None and max_bytes < 2 * cap:
         raise ConfigError(
-            "max_bytes" if value is None else "segment_bytes",
-            f"max_bytes {max_bytes} holds fewer than two segments of {cap} bytes; raise max_bytes"
-            + ("" if value is None else " or lower segment_bytes"),
+            "segment_bytes",
+            f"max_bytes {max_bytes} holds fewer than two segments of {cap} bytes; lower segment_bytes "
+            "or raise max_bytes",
         )
     return cap

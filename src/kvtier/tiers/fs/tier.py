@@ -60,7 +60,7 @@ from kvtier.tiers.fs.options import (
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
-from kvtier.tiers.fs.segment_index import idx_bytes
+from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
 from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
@@ -156,7 +156,8 @@ class FsTier(AsyncTier):
         self.shared_root = check_bool("shared_root", shared_root)
         small = context.block_bytes <= small_block_limit(small_block_bytes)
         record = record_size(32, context.block_bytes, self.shared_root) + idx_bytes(32)
-        seg_cap = segment_cap(segment_bytes, self.max_bytes, record) if small else 0
+        seg_cap = segment_cap(segment_bytes, self.max_bytes, record) if small else None
+        small = seg_cap is not None
         self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
         check_max_bytes(self.max_bytes, self.layout.root_dir)
         mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
@@ -215,7 +216,7 @@ class FsTier(AsyncTier):
                 self.segments = SegmentStore(
                     parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
                     full_backoff=self.full_backoff, max_bytes=self.max_bytes,
-                    segment_bytes=seg_cap,
+                    segment_bytes=seg_cap or 0,
                     fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
                     refresh_interval=self.refresh_interval,
                 )  # fmt: skip
@@ -248,7 +249,9 @@ class FsTier(AsyncTier):
         sized and built as :meth:`__init__` builds it. Room is made once per store job: the first
         chunk of a job reserves for the whole job (the group-commit reservation of
         :class:`~kvtier.tiers.fs.store_path.StorePath`), so ``threads`` and ``batch_blocks`` split
-        the writes but never change which blocks are kept or dropped."""
+        the writes but never change which blocks are kept or dropped. Blocks on the small-block
+        path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
+        records the segments hold, but real eviction is by segment with compaction."""
         profile = super().simulation(
             options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
         )
@@ -257,6 +260,16 @@ class FsTier(AsyncTier):
             return profile
         max_bytes = parse_size(raw, f"{key_path}.max_bytes" if key_path else "max_bytes")
         per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
+        small = options.get("small_block_bytes", SMALL_BLOCK_DEFAULT)
+        if block_bytes <= small_block_limit(small):
+            # Small blocks live in segments: as many records as the segments hold. Approximate:
+            # eviction there is by segment (live blocks copied), not block by block.
+            rec = record_size(SIM_KEY_BYTES, block_bytes, bool(options.get("shared_root", False)))
+            rec += idx_bytes(SIM_KEY_BYTES)
+            cap = segment_cap(options.get("segment_bytes"), max_bytes, rec)
+            if cap is not None:
+                per_seg = max(1, (cap - SEAL_BYTES) // rec)
+                return dataclasses.replace(profile, capacity_blocks=max((max_bytes // cap) * per_seg, 1))
         return dataclasses.replace(profile, capacity_blocks=max(max_bytes // per_file, 1))
 
     # -- lookups (engine thread; dict membership only) ---------------------------------------
