@@ -69,6 +69,11 @@ class SegmentReader:
         """Fill each slot with its key's payload; keys that fail are left out of ``done``."""
         with self._lock:
             located = [(loc, key, slot) for key, slot in items if (loc := self.map.locs.get(key))]
+            if len(located) != len(items):  # indexed yet not located (trimmed by the scan): stale
+                found = {key for _, key, _ in located}
+                for key, _ in items:
+                    if key not in found and key in self.parts.index.sizes:
+                        self.parts.index.forget_locked(key)
         ok: list[BlockKey] = []
         error = None if len(located) == len(items) else "missing"
         located.sort(key=lambda e: (e[0][0].stem, e[0][1]))
