@@ -38,7 +38,8 @@ def test_real_sync_equals_simulate_per_tier_with_fs_evictions(tmp_path: Path) ->
                 # 1,500 block files (4 KiB header + 2 KiB payload): far fewer than the trace's blocks.
                 # Several I/O threads on purpose: --sync runs fs tiers on one.
                 {"type": "fs", "root_dir": str(tmp_path / "fs0"), "max_bytes": 1500 * 6144,
-                 "direct_io": "never", "threads": 4},
+                 "direct_io": "never", "threads": 4,
+                 "small_block_bytes": 0},  # one file per block: the model is exact for that path
             ],
         }
     )  # fmt: skip

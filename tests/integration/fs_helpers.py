@@ -50,6 +50,9 @@ def make_tier(primary: PrimaryBuffer, root: str | Path, namespace: str = NAMESPA
     # Most tests start many tiers on fresh trees: skip the background creation of the 4,352 shard
     # directories unless a test asks for it (the contract suite and one layout test use the default).
     options.setdefault("precreate_dirs", False)
+    # These helpers test the one-file-per-block path unless a test asks for the small-block segments
+    # (tests/integration/test_fs_segments*.py do).
+    options.setdefault("small_block_bytes", 0)
     ctx = TierContext(name="fs", block_bytes=primary.block_bytes, namespace=namespace)
     return FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(root), **options)
 
@@ -94,7 +97,10 @@ def block_files(ns_dir: str | Path) -> dict[str, int]:
 def _writer(args: dict[str, Any]) -> None:
     """Store batches of keys forever (crash test) or a fixed list (capacity test)."""
     primary = aligned_primary(args["batch"], args["block_bytes"])
-    tier = make_tier(primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2))
+    tier = make_tier(
+        primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2),
+        **args.get("options", {}),
+    )  # fmt: skip
     tier.wait_scan()
     prefix, count, batch = args["prefix"], args.get("count", 1 << 30), args["batch"]
     stored: list[str] = []

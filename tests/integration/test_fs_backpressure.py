@@ -43,8 +43,8 @@ def _slow_tier(primary: h.PrimaryBuffer, root: Path, **options: Any) -> _SlowDis
     ctx = h.TierContext(name="fs", block_bytes=primary.block_bytes, namespace=h.NAMESPACE)
     return _SlowDiskTier(
         primary_kv_view=primary.view, context=ctx, root_dir=str(root), precreate_dirs=False,
-        threads=1, **options,
-    )  # fmt: skip
+        threads=1, small_block_bytes=0, **options,
+    )  # fmt: skip  # one file per block: the slowed seam is the per-file write
 
 
 def test_a_slow_disk_is_throttled_then_dropped_then_recovers_with_hysteresis(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """FsTier passes the reusable conformance suite for AsyncTier-based tiers (kvtier.testing), on real
-files; a chunk that raises leaves no reservation behind."""
+files, on both paths (one file per block, and small blocks in segments); a chunk that raises leaves
+no reservation behind."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from kvtier.tiers.fs import FsTier
 
 class TestFsTierContract(AsyncTierContractTests):
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> FsTier:
-        return FsTier(primary_kv_view=primary.view, context=primary.context("fs"), root_dir=str(workdir))
+        return FsTier(
+            primary_kv_view=primary.view, context=primary.context("fs"), root_dir=str(workdir),
+            small_block_bytes=0,
+        )  # fmt: skip
 
     def test_a_raising_store_chunk_leaves_no_reservation(
         self, tier: FsTier, primary: PrimaryBuffer, monkeypatch: pytest.MonkeyPatch
@@ -52,4 +56,26 @@ class TestFsTierContractBounded(AsyncTierContractTests):
             fsync=True,
             verify="never",
             threads=2,
+            small_block_bytes=0,
         )
+
+
+class TestFsSegmentsContract(AsyncTierContractTests):
+    """The small-block path (the suite's blocks are below the default ``small_block_bytes``)."""
+
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> FsTier:
+        tier = FsTier(primary_kv_view=primary.view, context=primary.context("fs"), root_dir=str(workdir))
+        assert tier.segments is not None
+        return tier
+
+
+class TestFsSegmentsContractBounded(AsyncTierContractTests):
+    """The small-block path with a small byte limit (compaction runs), fsync on, verify off."""
+
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> FsTier:
+        tier = FsTier(
+            primary_kv_view=primary.view, context=primary.context("fs"), root_dir=str(workdir),
+            max_bytes="2MiB", fsync=True, verify="never", threads=2,
+        )  # fmt: skip
+        assert tier.segments is not None
+        return tier

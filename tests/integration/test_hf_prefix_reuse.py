@@ -46,6 +46,7 @@ from kvtier import (  # noqa: E402
     TransferJob,
 )
 from kvtier.integrations.transformers import PrefixCache, block_bytes_for  # noqa: E402
+from kvtier.tiers.fs.segment_index import decode_records  # noqa: E402
 
 BS = h.BLOCK
 TOL = 1e-5
@@ -176,18 +177,26 @@ def test_a_second_process_reuses_the_first_processes_blocks(model: Any, tree: Pa
     assert _close_logits(r.output.logits, h.full_logits(model, ids)[:, N_STORED:]) <= TOL
 
 
-def _block_file(root: Path, key: BlockKey) -> Path:
-    (path,) = [p for p in root.rglob(key.hex()) if p.is_file()]
-    return path
+def _payload_end(root: Path, key: BlockKey) -> tuple[Path, int]:
+    """The file holding ``key``'s block and the offset just past its payload: its own block file,
+    or its record in a small-block segment (found through the segment index)."""
+    files = [p for p in root.rglob(key.hex()) if p.is_file()]
+    if files:
+        return files[0], files[0].stat().st_size
+    for idx in root.rglob("*.idx"):
+        for rec in decode_records(idx.read_bytes())[0]:
+            if rec.key == bytes(key):
+                return idx.with_suffix(".dat"), rec.offset + rec.length
+    raise AssertionError(f"no block of {key.hex()} under {root}")
 
 
 def test_a_corrupted_tier_file_means_recompute_with_identical_output(model: Any, tree: Path) -> None:
     ids = h.prompt(N_STORED)
     with PrefixCache.create(model, h.fs_config(str(tree)), block_size=BS) as pc:
         keys = pc.namespace.key_tokens(ids[0].numpy())
-        victim = _block_file(tree, keys[2])
+        victim, end = _payload_end(tree, keys[2])
         data = bytearray(victim.read_bytes())
-        data[-100] ^= 0xFF  # one payload byte: only the checksum can tell
+        data[end - 100] ^= 0xFF  # one payload byte: only the checksum can tell
         victim.write_bytes(bytes(data))
         r = pc.forward(ids)
         fs_stats = pc.engine.stats()["tiers"]["fs0"]

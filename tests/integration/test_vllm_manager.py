@@ -82,7 +82,10 @@ def test_cache_salt_keeps_deployments_apart(tmp_path: Path) -> None:
 
 def test_a_corrupt_block_is_a_miss_never_wrong_bytes(tmp_path: Path) -> None:
     keys = offload_keys(3, salt=b"corrupt")
-    with vllm_stack(tmp_path) as a:
+    # One file per block (small_block_bytes 0), so the test can flip a bit in the victim's file; the
+    # small-block segments have their own corruption test (tests/integration/test_fs_segments.py).
+    one_file = [kvtier_entry(tmp_path, small_block_bytes=0)]
+    with vllm_stack(tiers=one_file) as a:
         a.store(keys)
     victim = keys[1]
     files = [p for p in tmp_path.rglob(f"{victim.hex()}*") if p.is_file()]
@@ -90,7 +93,7 @@ def test_a_corrupt_block_is_a_miss_never_wrong_bytes(tmp_path: Path) -> None:
     data = bytearray(files[0].read_bytes())
     data[-1] ^= 0xFF  # one payload bit flipped on disk
     files[0].write_bytes(bytes(data))
-    with vllm_stack(tmp_path) as b:
+    with vllm_stack(tiers=one_file) as b:
         out = b.load(keys)
         assert out[victim] is None or np.array_equal(out[victim], payload(victim))
         assert_exact(out, [keys[0], keys[2]])

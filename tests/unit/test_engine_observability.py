@@ -268,7 +268,10 @@ def test_replay_real_and_simulate_agree_with_the_cost_gate(tmp_path: Path) -> No
     raw["cpu_bytes_to_use"] = 300 * 4096  # small primary: the fs tier serves hits
     raw["write_policy"] = "write_through"
     # One I/O thread: the fs tier indexes a job's blocks in key order, as the model does.
-    raw["secondary_tiers"] = [dict(raw["secondary_tiers"][0], max_bytes=2000 * 6144, threads=1)]
+    # One file per block (small_block_bytes 0): the model is exact for that path (docs/fs.md).
+    raw["secondary_tiers"] = [
+        dict(raw["secondary_tiers"][0], max_bytes=2000 * 6144, threads=1, small_block_bytes=0)
+    ]
     # 0.41 s per fs job and free transfer: a batch pays from 9 blocks (51.2 ms of prefill each).
     raw["cost_model"] = {
         "tokens_per_block": 512,

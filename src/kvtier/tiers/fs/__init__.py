@@ -6,7 +6,11 @@ one module per concept: :mod:`~kvtier.tiers.fs.tier` (the tier: options, lookups
 :mod:`~kvtier.tiers.fs.index` (the in-memory index), :mod:`~kvtier.tiers.fs.scan` (keeping it equal
 to the tree), :mod:`~kvtier.tiers.fs.accounting` (bytes shared across processes),
 :mod:`~kvtier.tiers.fs.layout` (names, directories, the scan walk), :mod:`~kvtier.tiers.fs.io` (the
-per-block syscalls) and :mod:`~kvtier.tiers.fs.policy` (the eviction policy's size and builder).
+per-block syscalls), :mod:`~kvtier.tiers.fs.policy` (the eviction policy's size and builder), and
+the small-block path: :mod:`~kvtier.tiers.fs.segments` (store, roll-over, compaction, sharing),
+:mod:`~kvtier.tiers.fs.segment_load` (verified reads), :mod:`~kvtier.tiers.fs.segment_map` (where
+each block is), :mod:`~kvtier.tiers.fs.segment_files` (the ``seg/`` directory, hostile-tree rules)
+and :mod:`~kvtier.tiers.fs.segment_index` (on-disk names and index records).
 """
 
 from kvtier.tiers.fs.tier import FsTier

@@ -370,6 +370,10 @@ class SharedAccounting:
             os.close(fd)
         return False
 
+    def is_alive(self, token: str) -> bool:
+        """Whether process ``token`` holds its liveness marker (a token of the fixed shape only)."""
+        return self._is_alive(token)
+
     def recover_dead(self, st: AccountingState) -> int:
         """Undo half-done sections of dead processes, drop their reservations and temp files.
 

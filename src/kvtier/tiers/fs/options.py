@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import os
 
+from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.tiers.async_tier import check_seconds
 
-__all__ = ["check_bool", "check_choice", "check_max_bytes", "check_seconds", "root_path"]
+__all__ = [
+    "check_bool",
+    "check_choice",
+    "check_max_bytes",
+    "check_seconds",
+    "root_path",
+    "segment_cap",
+    "small_block_limit",
+]
+
+#: Default ``small_block_bytes``: blocks up to this size go to segments (docs/fs.md, "Small blocks").
+SMALL_BLOCK_DEFAULT = 64 << 10
+_SEG_MIN, _SEG_MAX = 1 << 20, 64 << 20
+#: A segment holds at least this many records (so compaction always frees room).
+SEG_MIN_RECORDS = 8
 
 
 def check_bool(key: str, value: object) -> bool:
@@ -54,3 +69,35 @@ def check_max_bytes(max_bytes: int | None, root: str) -> None:
             f"{max_bytes} bytes is more than the {total} bytes of the file system holding {probe}; "
             "lower it or choose a larger root_dir",
         )
+
+
+def small_block_limit(value: object) -> int:
+    """``small_block_bytes`` as bytes (``0`` turns the small-block path off)."""
+    n = parse_size(value, "small_block_bytes")
+    if n > 1 << 30:
+        raise ConfigError("small_block_bytes", f"{n} bytes is not a small block; use <= 1GiB (0: off)")
+    return n
+
+
+def segment_cap(value: object, max_bytes: int | None, record: int) -> int | None:
+    """Bytes one segment may grow to: ``segment_bytes``, or by default ``max_bytes / 16`` within
+    1-64 MiB (4 KiB multiples). A segment must hold ``SEG_MIN_RECORDS`` records of ``record``
+    bytes, and ``max_bytes`` two segments (compaction needs a second one). ``None``: by default,
+    a ``max_bytes`` too small for two segments (under 2 MiB) keeps one file per block instead."""
+    need = SEG_MIN_RECORDS * record
+    if value is None:
+        cap = _SEG_MAX if max_bytes is None else min(_SEG_MAX, max(_SEG_MIN, max_bytes // 16))
+        cap = max(cap - cap % 4096, need)
+        return None if max_bytes is not None and max_bytes < 2 * cap else cap
+    cap = parse_size(value, "segment_bytes")
+    if cap < need:
+        raise ConfigError(
+            "segment_bytes", f"{cap} bytes hold < {SEG_MIN_RECORDS} records of {record} bytes; raise it"
+        )
+    if max_bytes is not None and max_bytes < 2 * cap:
+        raise ConfigError(
+            "segment_bytes",
+            f"max_bytes {max_bytes} holds fewer than two segments of {cap} bytes; lower segment_bytes "
+            "or raise max_bytes",
+        )
+    return cap

@@ -51,10 +51,21 @@ from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
-from kvtier.tiers.fs.options import check_bool, check_choice, check_max_bytes, check_seconds, root_path
+from kvtier.tiers.fs.options import (
+    SMALL_BLOCK_DEFAULT,
+    check_bool,
+    check_choice,
+    check_max_bytes,
+    check_seconds,
+    root_path,
+    segment_cap,
+    small_block_limit,
+)
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.scan import TreeScanner
+from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
+from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
 
@@ -102,6 +113,9 @@ class FsTier(AsyncTier):
             (:class:`~kvtier.tiers.backpressure.GateConfig`): a disk whose store latency per MiB
             rises over ``high_water`` gets fewer stores, then none but probes, until it is back
             under ``low_water``. ``ENOSPC`` pauses the same gate for ``full_backoff`` s.
+        small_block_bytes: blocks of at most this size are packed into append-only segments
+            (:mod:`kvtier.tiers.fs.segments`) instead of one file each; ``0`` turns that off.
+        segment_bytes: the size of one segment (default ``max_bytes / 16`` within 1-64 MiB).
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -133,6 +147,8 @@ class FsTier(AsyncTier):
         secret_env: str = DEFAULT_SECRET_ENV,
         secret_file: str | None = None,
         backpressure: Mapping[str, Any] | None = None,
+        small_block_bytes: int | str = SMALL_BLOCK_DEFAULT,
+        segment_bytes: int | str | None = None,
     ) -> None:
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
@@ -156,6 +172,10 @@ class FsTier(AsyncTier):
         self.refresh_interval = check_seconds("refresh_interval", refresh_interval)
         precreate = check_bool("precreate_dirs", precreate_dirs)
         self.shared_root = check_bool("shared_root", shared_root)
+        small = context.block_bytes <= small_block_limit(small_block_bytes)
+        record = record_size(32, context.block_bytes, self.shared_root) + idx_bytes(32)
+        seg_cap = segment_cap(segment_bytes, self.max_bytes, record) if small else None
+        small = seg_cap is not None
         self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
         check_max_bytes(self.max_bytes, self.layout.root_dir)
         mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
@@ -189,7 +209,7 @@ class FsTier(AsyncTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
         # A tree with every top-level shard was pre-created before (leaves appear on demand).
-        self.precreate_dirs = precreate and len(present) < 256
+        self.precreate_dirs = precreate and len(present) < 256 and not small
         self.index = FsIndex(self._lock, policy, present)
         self.shard_dirs = ShardDirs(self.accounting.tree)
         parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
@@ -208,6 +228,27 @@ class FsTier(AsyncTier):
             make_room=self._store.make_room, refresh_interval=self.refresh_interval,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
+        #: The small-block path (``None``: one file per block).
+        self.segments: SegmentStore | None = None
+        if small:
+            try:
+                self.segments = SegmentStore(
+                    parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
+                    full_backoff=self.full_backoff, max_bytes=self.max_bytes,
+                    segment_bytes=seg_cap or 0,
+                    fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
+                    refresh_interval=self.refresh_interval,
+                )  # fmt: skip
+            except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
+                self.accounting.close()
+                raise ConfigError(
+                    "root_dir",
+                    f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
+                    "of yours, not a link: remove it",
+                ) from exc
+            except BaseException:
+                self.accounting.close()
+                raise
         self.accounting.on_events = self._scanner.apply_events
         self.accounting.on_epoch_change = self._scanner.on_epoch_change
         self._scanner.start()
@@ -228,7 +269,9 @@ class FsTier(AsyncTier):
         sized and built as :meth:`__init__` builds it. Room is made once per store job: the first
         chunk of a job reserves for the whole job (the group-commit reservation of
         :class:`~kvtier.tiers.fs.store_path.StorePath`), so ``threads`` and ``batch_blocks`` split
-        the writes but never change which blocks are kept or dropped."""
+        the writes but never change which blocks are kept or dropped. Blocks on the small-block
+        path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
+        records the segments hold, but real eviction is by segment with compaction."""
         profile = super().simulation(
             options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
         )
@@ -237,6 +280,16 @@ class FsTier(AsyncTier):
             return profile
         max_bytes = parse_size(raw, f"{key_path}.max_bytes" if key_path else "max_bytes")
         per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
+        small = options.get("small_block_bytes", SMALL_BLOCK_DEFAULT)
+        if block_bytes <= small_block_limit(small):
+            # Small blocks live in segments: as many records as the segments hold. Approximate:
+            # eviction there is by segment (live blocks copied), not block by block.
+            rec = record_size(SIM_KEY_BYTES, block_bytes, bool(options.get("shared_root", False)))
+            rec += idx_bytes(SIM_KEY_BYTES)
+            cap = segment_cap(options.get("segment_bytes"), max_bytes, rec)
+            if cap is not None:
+                per_seg = max(1, (cap - SEAL_BYTES) // rec)
+                return dataclasses.replace(profile, capacity_blocks=max((max_bytes // cap) * per_seg, 1))
         return dataclasses.replace(profile, capacity_blocks=max(max_bytes // per_file, 1))
 
     # -- lookups (engine thread; dict membership only) ---------------------------------------
@@ -263,16 +316,24 @@ class FsTier(AsyncTier):
             self.index.touch_locked(keys, now)
 
     # -- AsyncTier hooks ---------------------------------------------------------------------
+    # Each hook dispatches by block size: small blocks go to the segments, others to one file each.
     def _before_store(self, state: JobState) -> None:
-        self._store.admit_locked(state)
+        if self.segments is not None:
+            self.segments.admit_locked(state)
+        else:
+            self._store.admit_locked(state)
 
     def _store_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        if self.segments is not None:
+            return self.segments.write_chunk(state, items)
         return self._store.write_chunk(state, items)
 
     def _before_load(self, state: JobState) -> None:
         self.index.begin_loads_locked(state.job.keys)
 
     def _load_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        if self.segments is not None:
+            return self.segments.read_chunk(items)
         return self._load.read_chunk(items)
 
     def _complete(self, state: JobState) -> None:
@@ -280,6 +341,8 @@ class FsTier(AsyncTier):
             with self._lock:
                 self.index.end_loads_locked(state.job.keys)
                 self._report_locked(state)
+        elif self.segments is not None:
+            self.segments.finish(state, self._report)  # each chunk indexed its own blocks
         else:
             self._store.finish(state)  # publishes (with other ready jobs), then reports
 
@@ -296,6 +359,8 @@ class FsTier(AsyncTier):
 
     def _close_resources(self) -> None:
         self._scanner.join(timeout=30)
+        if self.segments is not None:
+            self.segments.close()
         self.accounting.close()
 
     def shutdown(self) -> None:
@@ -331,6 +396,8 @@ class FsTier(AsyncTier):
         """Apply other processes' stores and evictions now (normally done every refresh_interval)."""
         with self.accounting.section():
             pass
+        if self.segments is not None:
+            self.segments.refresh()
 
     # -- introspection -----------------------------------------------------------------------
     def usage(self, recover: bool = True) -> AccountingState:
@@ -359,6 +426,8 @@ class FsTier(AsyncTier):
         d["scan_done"] = int(self.index.scan_done)
         d["scan_files"] = self.scan_files
         d.update(self.store_gate.counters())  # gate_state, gate_throttled, gate_ms_per_mib
+        if self.segments is not None:
+            d.update(self.segments.stats())
         return d
 
     def config_info(self) -> dict[str, Any]:
@@ -367,5 +436,7 @@ class FsTier(AsyncTier):
             root_dir=self.layout.root_dir, ns_dir=self.layout.ns_dir, max_bytes=self.max_bytes,
             eviction_policy=self._policy_name, verify="always" if self.verify else "never",
             fsync=self.fsync, direct_io=self.direct_io, read_direct=self.read_direct, threads=self.threads,
+            small_blocks=self.segments is not None,
+            segment_bytes=None if self.segments is None else self.segments.segment_bytes,
         )  # fmt: skip
         return info
