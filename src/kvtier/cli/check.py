@@ -151,9 +151,11 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     from kvtier.config import load_config
     from kvtier.config_vllm import vllm_owned_tiers
     from kvtier.engine.build import config_namespace
+    from kvtier.engine.preflight import preflight
     from kvtier.plugins import create_spec, tier_contexts
 
     cfg = load_config(source)
+    preflight(cfg)  # what Engine checks first; the spec checks every tier before building any
     spec = create_spec(cfg)
     policy = spec.create_policy(max(1, spec.num_primary_slots))
     # Two slots are enough for a round trip; the real buffer is never allocated here.

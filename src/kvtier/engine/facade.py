@@ -54,11 +54,12 @@ from kvtier.engine.events import EventLog
 from kvtier.engine.handles import HandleBook
 from kvtier.engine.jobs import JobBook
 from kvtier.engine.movers import KVMover
+from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
 from kvtier.engine.tenants import TenantScope
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
-from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
+from kvtier.engine.writes import TierWrites, write_policies
 from kvtier.errors import MisuseError
 from kvtier.keys import BlockInfo, BlockKey, LookupCode, check_keys
 from kvtier.policies.base import CachePolicy
@@ -116,7 +117,7 @@ class Engine:
         tiers: Sequence[SecondaryTier | Callable[[memoryview], SecondaryTier]] | None = None,
     ) -> None:
         cfg = load_config(config)
-        write_policy_type(cfg.write_policy)  # a config built by hand is checked before anything is built
+        preflight(cfg, tiers_given=tiers is not None)  # whole-config checks before anything is built
         self.config = cfg
         clock = clock or time.monotonic
         self.namespace = config_namespace(cfg)
