@@ -8,6 +8,7 @@ and ``Engine``, and nothing is written to disk before the whole config validated
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -185,3 +186,79 @@ def test_a_moderately_deep_config_is_refused_before_anything_recurses(
         node = node["x"]
     code, err = check(capsys, {"policy_options": deep})
     assert code == 2 and "nested deeper than" in err, err
+
+
+# -- network surfaces ------------------------------------------------------------------------------
+
+#: TEST-NET-1 (RFC 5737): never assigned to this machine, so binding it fails after the warning and
+#: the test opens no port beyond loopback.
+NOT_LOOPBACK = "192.0.2.1"
+
+
+def test_the_metrics_exporter_warns_before_binding_a_non_loopback_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--metrics-addr 0.0.0.0`` bound every interface without a word."""
+    pytest.importorskip("prometheus_client")
+    from kvtier.errors import KvtierError
+    from kvtier.metrics import start_exporter
+
+    with (
+        caplog.at_level(logging.WARNING, logger="kvtier.metrics"),
+        pytest.raises(KvtierError, match=f"cannot listen on {NOT_LOOPBACK}"),
+    ):
+        start_exporter(lambda: {}, 0, addr=NOT_LOOPBACK)
+    assert [r.getMessage() for r in caplog.records if "not loopback" in r.getMessage()] == [
+        f"kvtier: the metrics exporter binds {NOT_LOOPBACK}, not loopback: anyone on the network can "
+        "read this engine's /metrics (use 127.0.0.1 unless intended)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtier.metrics"), start_exporter(lambda: {}, 0) as exp:
+        assert exp.addr == "127.0.0.1"
+    assert not [r for r in caplog.records if "not loopback" in r.getMessage()]
+
+
+def test_serve_warns_for_a_non_loopback_metrics_address_then_exits_2(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("prometheus_client")
+    with caplog.at_level(logging.WARNING):
+        code = main(["serve", "--metrics-port", "0", "--metrics-addr", NOT_LOOPBACK, "--duration", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot listen on {NOT_LOOPBACK}" in err, err
+    assert any("metrics exporter binds" in r.getMessage() for r in caplog.records)
+
+
+def test_every_server_warning_names_the_address_and_spares_loopback(caplog: pytest.LogCaptureFixture) -> None:
+    """The shared check the exporter and the p2p block server call before binding."""
+    from kvtier.netaddr import warn_if_exposed
+
+    log = logging.getLogger("kvtier.test")
+    with caplog.at_level(logging.WARNING, logger="kvtier.test"):
+        assert warn_if_exposed(log, "x", "", "y") and warn_if_exposed(log, "x", "0.0.0.0", "y")
+        assert not warn_if_exposed(log, "x", "::1", "y") and not warn_if_exposed(log, "x", "localhost", "y")
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: x binds every interface, not loopback: y",
+        "kvtier: x binds 0.0.0.0, not loopback: y",
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--duration", "nan"],
+        ["--duration", "inf"],
+        ["--duration", "-5"],
+        ["--metrics-port", "70000"],
+    ],
+)
+def test_serve_refuses_bad_durations_and_ports_in_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    """``--metrics-port 70000`` exited 1 with an OverflowError."""
+    argv = ["serve", "--metrics-port", "0", *args] if args[0] == "--duration" else ["serve", *args]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"ConfigError: {args[0]}:"), err
