@@ -3,9 +3,11 @@
 CONFIG may also be vLLM's whole ``--kv-transfer-config`` object: its kvtier tiers (the
 ``KvtierTier`` entries) are checked, vLLM's own tiers are listed and left to vLLM.
 
-Steps: load and validate the config; build the spec, the primary tier's policy and every secondary
-tier (out-of-tree ones too, through the registry and the ``plugins`` trust boundary) over a small heap
-buffer of two slots; round-trip one random block through each tier (store, lookup, load, compare
+Steps: load and validate the config; run the checks ``Engine`` runs first
+(:mod:`kvtier.engine.preflight`); build the spec, the primary tier's policy and every secondary
+tier (out-of-tree ones too, through the registry and the ``plugins`` trust boundary; every entry is
+checked before any is built, so a bad later entry leaves nothing on disk) over a small heap buffer
+of two slots; round-trip one random block through each tier (store, lookup, load, compare
 bytes); shut the tiers down and print a table.
 
 The probe block is stored with a random key under a namespace of its own per block size
