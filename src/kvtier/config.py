@@ -15,7 +15,6 @@ Every error is a one-line :class:`~kvtier.errors.ConfigError` whose message star
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -344,12 +343,11 @@ def load_config(
     if isinstance(source, Mapping):
         return _from_mapping(source)
     text_or_path = os.fspath(source)
+    from kvtier.config_files import check_depth, loads_json, read_config_file
+
     if isinstance(source, str) and text_or_path.lstrip().startswith("{"):
-        try:
-            data = json.loads(text_or_path)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("", f"config JSON string is invalid: {exc}") from exc
+        data = loads_json(text_or_path, "config JSON string", file=False)
+        check_depth(data, "config JSON string")
         return _from_mapping(data)
-    from kvtier.config_files import read_config_file
 
     return _from_mapping(read_config_file(Path(text_or_path)))

@@ -186,17 +186,16 @@ def resolve_config(
 
 
 def _read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[Any, str, Path | None]:
-    from kvtier.config_files import read_config_file
+    from kvtier.config_files import check_depth, loads_json, read_config_file
 
     if isinstance(source, Mapping):
+        check_depth(source, "config")  # before the deep copy, which recurses
         return copy.deepcopy(dict(source)), "argument", None
     text = os.fspath(source)
     if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text), "JSON string", None
-        except json.JSONDecodeError as exc:
-            # Same wording as load_config: the message carries line and column.
-            raise ConfigError("", f"config JSON string is invalid: {exc}") from exc
+        data = loads_json(text, "config JSON string", file=False)  # same wording as load_config
+        check_depth(data, "config JSON string")
+        return data, "JSON string", None
     path = Path(text)
     data = read_config_file(path)
     if not isinstance(data, Mapping):

@@ -32,10 +32,11 @@ Bandwidths are bytes per second and accept size strings (``"1.5GB"``); latencies
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "MEDIUM_DEFAULTS",
     "CostModel",
     "TierCost",
+    "check_cost_model_keys",
     "measure_prefill",
 ]
 
@@ -147,10 +149,7 @@ class CostModel:
         Raises :class:`ConfigError` naming the key on bad values.
         """
         raw = dict(config.cost_model)
-        for key in raw:
-            if key not in _MODEL_KEYS:
-                valid = ", ".join(_MODEL_KEYS)
-                raise ConfigError(f"cost_model.{key}", f"unknown key; valid keys are: {valid}")
+        check_cost_model_keys(raw)
         prefill = _prefill_from(raw)
         tpb = _positive_int(raw.get("tokens_per_block", 512), "cost_model.tokens_per_block")
         if "kv_bytes_per_token" in raw:
@@ -274,6 +273,35 @@ def measure_prefill(run_prefill: Callable[[int], object], num_tokens: int = 2048
 
 
 # -- parsing helpers ---------------------------------------------------------------------------
+def check_cost_model_keys(raw: Mapping[str, Any], tier_names: Collection[str] | None = None) -> None:
+    """Refuse an unknown key at any level of ``cost_model`` with a did-you-mean: the model's own
+    keys, the keys of each ``tiers.<name>`` entry and, when ``tier_names`` is given (the engine's
+    configured tiers), a ``tiers.<name>`` naming no tier (``primary`` always exists). A typo would
+    otherwise leave the default speeds in place without a word."""
+    _known(raw, _MODEL_KEYS, "cost_model")
+    tiers = raw.get("tiers", {})
+    if not isinstance(tiers, Mapping):
+        raise ConfigError("cost_model.tiers", "expected an object keyed by tier name")
+    names = None if tier_names is None else ("primary", *tier_names)
+    for name, spec in tiers.items():
+        if names is not None and name not in names:
+            raise _unknown(f"cost_model.tiers.{name}", str(name), names, "no tier of that name")
+        if isinstance(spec, Mapping):
+            _known(spec, _TIER_KEYS, f"cost_model.tiers.{name}")
+
+
+def _known(spec: Mapping[str, Any], valid: Sequence[str], path: str) -> None:
+    for key in spec:
+        if key not in valid:
+            raise _unknown(f"{path}.{key}", str(key), valid, "unknown key")
+
+
+def _unknown(key_path: str, key: str, valid: Sequence[str], what: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(key_path, f"{what}{hint}; valid: {', '.join(valid)}")
+
+
 def _positive_float(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(key, f"expected a number > 0, got {value!r}")
@@ -318,9 +346,7 @@ def _tier_from_config(name: str, spec: Any, base: TierCost | None) -> TierCost:
     path = f"cost_model.tiers.{name}"
     if not isinstance(spec, Mapping):
         raise ConfigError(path, "expected an object such as {load_bandwidth: 2GB, load_latency: 0.0002}")
-    for key in spec:
-        if key not in _TIER_KEYS:
-            raise ConfigError(f"{path}.{key}", f"unknown key; valid keys are: {', '.join(_TIER_KEYS)}")
+    _known(spec, _TIER_KEYS, path)
     dflt = base or TierCost(name, *MEDIUM_DEFAULTS["STORAGE"])
 
     def opt(key: str, conv: Callable[[Any, str], float]) -> float | None:

@@ -54,12 +54,14 @@ serves ``prometheus_client.REGISTRY``), call :func:`register_collector` with tha
 
 from __future__ import annotations
 
+import logging
 import platform
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.errors import KvtierError
+from kvtier.netaddr import warn_if_exposed
 
 if TYPE_CHECKING:
     from kvtier.config import KvtierConfig
@@ -74,6 +76,8 @@ __all__ = [
     "start_exporter",
     "tier_counters",
 ]
+
+log = logging.getLogger("kvtier.metrics")
 
 #: Every exported family: (name as exposed, type, labels besides const labels). Final names.
 METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -455,6 +459,10 @@ class MetricsExporter:
     def __init__(self, source: StatsSource | StatsFn, port: int = 0, addr: str = "127.0.0.1",
                  const_labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
         pc = _require_prometheus()
+        warn_if_exposed(
+            log, "the metrics exporter", addr,
+            "anyone on the network can read this engine's /metrics (use 127.0.0.1 unless intended)",
+        )  # fmt: skip
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.collector = EngineCollector(source, const_labels)
         self.registry.register(self.collector)

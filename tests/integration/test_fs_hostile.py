@@ -301,3 +301,26 @@ def test_seeded_hostile_tree_nothing_outside_changes_nothing_planted_served_no_c
             )
     _within(30, tier.shutdown)
     assert _snapshot(outside) == before
+
+
+def test_a_cached_leaf_shard_renamed_away_and_replaced_by_a_link_receives_nothing(tmp_path: Path) -> None:
+    """Shard descriptors are cached (bench: 4 KiB stores); a leaf renamed outside after the cache
+    warmed and replaced by a link to it must be noticed at the next use, not written through."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    primary = h.aligned_primary(8, BLOCK)
+    tier = h.make_tier(primary, tmp_path / "root", precreate_dirs=False)
+    layout = tier.layout
+    first = h.key_of("warm")
+    assert h.store(tier, primary, [first]).success  # caches the shard of `first`
+    leaf = layout.dir_of(first)
+    os.rename(leaf, outside / "leaf")
+    os.symlink(outside / "leaf", leaf)
+    before = _snapshot(outside)
+    want = layout.shard_of(first)
+    same = [k for k in (h.key_of(f"s{i}") for i in range(20000)) if layout.shard_of(k) == want][:2]
+    assert len(same) == 2
+    assert not h.store(tier, primary, same).transferred(same)
+    assert h.load(tier, primary, [first]).transferred([first]) == []  # read through the link: never
+    _within(20, tier.shutdown)
+    assert _snapshot(outside) == before

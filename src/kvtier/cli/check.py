@@ -3,9 +3,11 @@
 CONFIG may also be vLLM's whole ``--kv-transfer-config`` object: its kvtier tiers (the
 ``KvtierTier`` entries) are checked, vLLM's own tiers are listed and left to vLLM.
 
-Steps: load and validate the config; build the spec, the primary tier's policy and every secondary
-tier (out-of-tree ones too, through the registry and the ``plugins`` trust boundary) over a small heap
-buffer of two slots; round-trip one random block through each tier (store, lookup, load, compare
+Steps: load and validate the config; run the checks ``Engine`` runs first
+(:mod:`kvtier.engine.preflight`); build the spec, the primary tier's policy and every secondary
+tier (out-of-tree ones too, through the registry and the ``plugins`` trust boundary; every entry is
+checked before any is built, so a bad later entry leaves nothing on disk) over a small heap buffer
+of two slots; round-trip one random block through each tier (store, lookup, load, compare
 bytes); shut the tiers down and print a table.
 
 The probe block is stored with a random key under a namespace of its own per block size
@@ -151,9 +153,11 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     from kvtier.config import load_config
     from kvtier.config_vllm import vllm_owned_tiers
     from kvtier.engine.build import config_namespace
+    from kvtier.engine.preflight import preflight
     from kvtier.plugins import create_spec, tier_contexts
 
     cfg = load_config(source)
+    preflight(cfg)  # what Engine checks first; the spec checks every tier before building any
     spec = create_spec(cfg)
     policy = spec.create_policy(max(1, spec.num_primary_slots))
     # Two slots are enough for a round trip; the real buffer is never allocated here.

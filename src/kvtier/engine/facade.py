@@ -53,14 +53,16 @@ from kvtier.engine.build import (
     stop_metrics,
 )
 from kvtier.engine.events import EventLog
+from kvtier.engine.handles import HandleBook
 from kvtier.engine.jobs import JobBook
 from kvtier.engine.latency import Latency
 from kvtier.engine.movers import KVMover
+from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
 from kvtier.engine.tenants import TenantScope
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
-from kvtier.engine.writes import TierWrites, write_policies, write_policy_type
+from kvtier.engine.writes import TierWrites, write_policies
 from kvtier.errors import MisuseError
 from kvtier.keys import BlockInfo, BlockKey, LookupCode, check_keys
 from kvtier.policies.base import CachePolicy
@@ -114,7 +116,7 @@ class Engine:
         primary_buffer: Any = None,
     ) -> None:
         cfg = load_config(config)
-        write_policy_type(cfg.write_policy)  # a config built by hand is checked before anything is built
+        preflight(cfg, tiers_given=tiers is not None)  # whole-config checks before anything is built
         self.config = cfg
         clock = clock or time.monotonic
         self.namespace = config_namespace(cfg)
@@ -139,8 +141,7 @@ class Engine:
         self.primary.track_tiers = bool(self.tiers)
         self._lock = threading.Lock()
         self._closed = False
-        self._open_handles: set[int] = set()
-        self._token = 0
+        self._handles = HandleBook()
         self.counters: dict[str, int] = new_counters()
         ids = JobIds()
         self._events = EventLog(clock, self._lock)
@@ -171,18 +172,13 @@ class Engine:
         )  # fmt: skip
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
-        self.serving = Serving(self.primary, self._lock, self._check_open, self._next_token)
+        self.serving = Serving(self.primary, self._lock, self._check_open, self._handles.issue)
         self.serving.start(self)
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise MisuseError(_CLOSED)
-
-    def _next_token(self) -> int:
-        self._token += 1
-        self._open_handles.add(self._token)
-        return self._token
 
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LookupReport:
@@ -192,6 +188,7 @@ class Engine:
         secondary tier reserves a primary slot and is promoted by one batched job per (tier, call);
         when no slot or no promotion budget is available it is answered MISS.
         """
+        check_keys("lookup", keys)
         # Inlined fast paths (no tenant, a list; open engine): this runs once per request.
         ikeys = (
             keys
@@ -266,6 +263,7 @@ class Engine:
         step. No bytes move, so it is meant for ``primary_backing: none`` (with a real buffer the
         stored slots would hold stale bytes).
         """
+        check_keys("access", keys)
         ikeys = (
             keys
             if (request is None or request.tenant is None) and type(keys) is list
@@ -315,11 +313,11 @@ class Engine:
                 raise MisuseError(_CLOSED)
             positions, internal, slots, accepted_infos = self._prepare_locked(ikeys, request, infos)
             user = internal if ikeys is keys else [keys[p] for p in positions]
-            self._token = token = self._token + 1
-            self._open_handles.add(token)
+            handle = StoreHandle(user, slots, positions, request, internal, accepted_infos)
+            self._handles.issue(handle)
         if self._events.outbox:
             self._events.dispatch()
-        return StoreHandle(user, slots, positions, request, internal, accepted_infos, token)
+        return handle
 
     def _prepare_locked(
         self,
@@ -362,12 +360,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
-            try:
-                self._open_handles.remove(handle.token)
-            except KeyError:
-                raise MisuseError(
-                    "complete_store: handle already completed or not from this engine"
-                ) from None
+            self._handles.redeem("complete_store", handle, StoreHandle)
             keys, slots = handle.internal_keys, handle.slots
             if not success:
                 self.primary.abort(keys, slots)
@@ -379,6 +372,7 @@ class Engine:
     # -- load --------------------------------------------------------------------------------
     def prepare_load(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LoadHandle:
         """Pin the slots of ``keys`` for reading. Raises :class:`MisuseError` if a key is not HIT."""
+        check_keys("prepare_load", keys)
         ikeys = self._scope(keys, request)
         with self._lock:
             self._check_open()
@@ -392,17 +386,13 @@ class Engine:
                     "have been evicted since; load only what lookup reports as leading hits)"
                 )
             pr.pin(slots)
-            token = self._next_token()
-        return LoadHandle(list(keys), slots, request, token)
+            return self._handles.issue(LoadHandle(list(keys), slots, request))
 
     def complete_load(self, handle: LoadHandle) -> None:
         """Unpin the slots of ``handle`` (reading is finished)."""
         with self._lock:
             self._check_open()
-            try:
-                self._open_handles.remove(handle.token)
-            except KeyError:
-                raise MisuseError("complete_load: handle already completed or not from this engine") from None
+            self._handles.redeem("complete_load", handle, LoadHandle)
             self.counters["loads"] += len(handle.slots)
             freed = self.primary.unpin(handle.slots)
             if freed:
@@ -412,6 +402,7 @@ class Engine:
 
     def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
         """Pin the longest leading run of readable keys (never raises for misses)."""
+        check_keys("load", keys)
         ikeys = self._scope(keys, request)
         with self._lock:
             self._check_open()
@@ -422,8 +413,7 @@ class Engine:
                 m += 1
             slots = slots[:m]
             pr.pin(slots)
-            token = self._next_token()
-        return LoadHandle(list(keys[:m]), slots, request, token)
+            return self._handles.issue(LoadHandle(list(keys[:m]), slots, request))
 
     # -- byte movers (the KVMover component; same names and signatures as ever) ---------------
     def store_blocks(

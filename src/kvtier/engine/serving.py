@@ -32,12 +32,12 @@ class Serving:
         primary: PrimaryTier,
         lock: threading.Lock,
         check_open: Callable[[], None],
-        next_token: Callable[[], int],
+        issue: Callable[[LoadHandle], LoadHandle],
     ) -> None:
         self._primary = primary
         self._lock = lock
         self._check_open = check_open
-        self._next_token = next_token
+        self._issue = issue
         #: The running p2p block service (``None`` when no ``p2p`` tier asked for one).
         self.block_service: Any = None
 
@@ -58,8 +58,7 @@ class Serving:
             found = [(k, s) for k, s in zip(keys, pr.find(keys), strict=True) if pr.readable(s)]
             slots = [s for _, s in found]
             pr.pin(slots)
-            token = self._next_token()
-        return LoadHandle([k for k, _ in found], slots, None, token)
+            return self._issue(LoadHandle([k for k, _ in found], slots, None))
 
     def start(self, engine: Any) -> None:
         """Start the block service ``engine``'s first ``p2p`` tier with ``serve`` options asks for.

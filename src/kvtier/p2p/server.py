@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import logging
 import socket
 import ssl
@@ -31,6 +30,7 @@ import numpy as np
 
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey
+from kvtier.netaddr import is_loopback, warn_if_exposed
 from kvtier.p2p import protocol as P
 from kvtier.p2p.protocol import block_checksum
 from kvtier.p2p.sockio import is_plain, send_buffers, set_recv_timeout, use_kernel_timeouts
@@ -60,13 +60,6 @@ class ServedEngine(Protocol):
     serving: ServingSlots
 
     def complete_load(self, handle: Any) -> None: ...
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class BlockServer:
@@ -114,12 +107,11 @@ class BlockServer:
         self._lock = threading.Lock()
         self.stats = {"connections": 0, "auth_failures": 0, "refused": 0, "protocol_errors": 0,
                       "lookups": 0, "fetches": 0, "blocks_sent": 0, "bytes_sent": 0}  # fmt: skip
-        if not is_loopback(host):
-            log.warning(
-                "kvtier p2p: block server binds %s, not loopback: peers on the network can connect "
-                "(they still need the shared secret; enable TLS on untrusted networks)",
-                host,
-            )
+        warn_if_exposed(
+            log, "p2p block server", host,
+            "peers on the network can connect (they still need the shared secret; enable TLS on "
+            "untrusted networks)",
+        )  # fmt: skip
         try:
             self._listener = socket.create_server((host, port), backlog=max_connections)
         except OSError as exc:

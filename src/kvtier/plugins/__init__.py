@@ -28,7 +28,14 @@ Contracts (``tiers/base.py``, ``policies/base.py``) are named by string, never i
 level, so tiers and policies may use the factories without an import cycle.
 """
 
-from kvtier.plugins.factories import create_policy, create_spec, create_tier, tier_contexts, tier_name
+from kvtier.plugins.factories import (
+    check_tier,
+    create_policy,
+    create_spec,
+    create_tier,
+    tier_contexts,
+    tier_name,
+)
 from kvtier.plugins.kinds import (
     POLICIES,
     SPECS,
@@ -66,6 +73,7 @@ __all__ = [
     "Registry",
     "create_policy",
     "create_spec",
+    "check_tier",
     "create_tier",
     "get_registry",
     "list_plugins",

@@ -10,6 +10,7 @@ import difflib
 import inspect
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.errors import ConfigError, KvtierError
@@ -22,7 +23,15 @@ if TYPE_CHECKING:
     from kvtier.specs.base import OffloadingSpec
     from kvtier.tiers.base import SecondaryTier, TierContext
 
-__all__ = ["create_policy", "create_spec", "create_tier", "tier_contexts", "tier_name"]
+__all__ = [
+    "CheckedTier",
+    "check_tier",
+    "create_policy",
+    "create_spec",
+    "create_tier",
+    "tier_contexts",
+    "tier_name",
+]
 
 T = TypeVar("T")
 
@@ -169,6 +178,55 @@ def create_tier(
     """
     from kvtier.tiers.base import TierContext
 
+    tc, cls, options, what = _resolve_tier(tier_config, plugins)
+    if context is None:
+        row = primary_kv_view.shape[1] if primary_kv_view.ndim == 2 and primary_kv_view.shape else 0
+        context = TierContext(name=tier_name(tc), block_bytes=row)
+    return CheckedTier(tc, cls, options, what, context, plugins).build(primary_kv_view)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedTier:
+    """A tier entry resolved and checked by :func:`check_tier`, not built yet."""
+
+    config: TierConfig
+    cls: type[SecondaryTier]
+    options: dict[str, Any]
+    what: str
+    context: TierContext
+    plugins: PluginsConfig | None
+
+    def build(self, primary_kv_view: memoryview) -> SecondaryTier:
+        """Construct the tier (errors anchored under the entry's key path, as :func:`create_tier`)."""
+        cls, ctx, options = self.cls, self.context, self.options
+        with trust_boundary(self.plugins):
+            return _construct(
+                lambda: cls(primary_kv_view=primary_kv_view, context=ctx, **options),
+                self.config.key_path,
+                self.what,
+            )
+
+
+def check_tier(
+    tier_config: TierConfig | Mapping[str, Any], context: TierContext, plugins: PluginsConfig | None = None
+) -> CheckedTier:
+    """Every check :func:`create_tier` makes before building, and the class's own
+    :meth:`~kvtier.tiers.base.SecondaryTier.check_options`, without building the tier (nothing is
+    written); :meth:`CheckedTier.build` builds it later. Raises what :func:`create_tier` would:
+    ``ConfigError`` naming the key, ``PluginError``."""
+    tc, cls, options, what = _resolve_tier(tier_config, plugins)
+    check = getattr(cls, "check_options", None)  # a duck-typed plug-in may not inherit the hook
+    if callable(check):
+        with trust_boundary(plugins):
+            _construct(lambda: check(context, options), tc.key_path, what)
+    return CheckedTier(tc, cls, options, what, context, plugins)
+
+
+def _resolve_tier(
+    tier_config: TierConfig | Mapping[str, Any], plugins: PluginsConfig | None
+) -> tuple[TierConfig, type[SecondaryTier], dict[str, Any], str]:
+    """``(config, class, constructor options, description)`` of a tier entry, options checked
+    against the constructor's signature."""
     tc = _as_tier_config(tier_config)
     cls = TIERS.resolve(tc.type, tc.module_path, plugins=plugins, key_path=tc.key_path)
     options = {k: v for k, v in tc.options.items() if k not in _TIER_RESERVED}
@@ -179,14 +237,7 @@ def create_tier(
                 f"{tc.key_path}.{key}", f"is supplied by kvtier and cannot be configured ({what})"
             )
     _check_kwargs(cls, options, _TIER_SUPPLIED, tc.key_path, what)
-    if context is None:
-        row = primary_kv_view.shape[1] if primary_kv_view.ndim == 2 and primary_kv_view.shape else 0
-        context = TierContext(name=tier_name(tc), block_bytes=row)
-    ctx = context
-    with trust_boundary(plugins):
-        return _construct(
-            lambda: cls(primary_kv_view=primary_kv_view, context=ctx, **options), tc.key_path, what
-        )
+    return tc, cls, options, what
 
 
 def create_policy(

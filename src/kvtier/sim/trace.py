@@ -27,7 +27,11 @@ the format is detected per line, so files may even mix them:
 A line that matches no format gets a message naming, for each format, the fields it lacks.
 
 Gzip-compressed files are recognised by their magic bytes, whatever the file name. Bad input raises
-:class:`TraceError` with a one-line message naming the file and line.
+:class:`TraceError` with a one-line message naming the file and the real line number: invalid JSON
+or UTF-8 (decoded line by line, so a bad byte on line 2 is reported on line 2), ids outside
+``0..2**63-1`` (:data:`MAX_ID`: they must fit the ``int64`` arrays the simulator uses), a
+timestamp that is not finite (``NaN``, ``Infinity``), a line longer than :data:`MAX_LINE_BYTES`
+(read at most that far: a 1 GB line costs no more memory than the cap).
 
 API: :func:`iter_trace` / :func:`read_trace` yield :class:`TraceRequest`; :func:`flatten` turns
 requests into the flat block-id sequence a generic cache simulator sees (numpy ``int64``);
@@ -39,16 +43,19 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 from kvtier.errors import KvtierError
 
 __all__ = [
+    "MAX_ID",
+    "MAX_LINE_BYTES",
     "TraceError",
     "TraceRequest",
     "flatten",
@@ -57,6 +64,12 @@ __all__ = [
     "read_trace",
     "unique_blocks",
 ]
+
+
+#: Largest block/chat id a trace may hold (ids are kept in ``int64`` arrays).
+MAX_ID = (1 << 63) - 1
+#: Longest trace line in bytes (a 128k-token request at 16 tokens per block is ~80 KB).
+MAX_LINE_BYTES = 16 << 20
 
 
 class TraceError(KvtierError, ValueError):
@@ -88,13 +101,14 @@ class TraceRequest:
     type: str | None = None
 
 
-def _open_text(path: Path) -> IO[str]:
+def _open_binary(path: Path) -> IO[bytes]:
     raw = path.open("rb")
     magic = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
     if magic == b"\x1f\x8b":
         raw.close()
-        return gzip.open(path, "rt", encoding="utf-8")
-    return io.TextIOWrapper(raw, encoding="utf-8")
+        # GzipFile.readline is a Python method; a BufferedReader over it reads lines in C.
+        return cast(IO[bytes], io.BufferedReader(gzip.GzipFile(path, "rb"), 1 << 16))
+    return raw
 
 
 def _int_field(obj: dict[str, Any], name: str, where: str, *, required: bool) -> int | None:
@@ -103,17 +117,22 @@ def _int_field(obj: dict[str, Any], name: str, where: str, *, required: bool) ->
         if required:
             raise TraceError(f"{where}: missing required field {name!r}")
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TraceError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise TraceError(f"{where}: field {name!r} must be an integer in 0..2**63-1, got {value!r}")
     return value
 
 
 def _block_list(value: Any, name: str, where: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise TraceError(f"{where}: field {name!r} must be a list of integers, got {type(value).__name__}")
+    # C-level passes for the usual all-good list (json gives exact ints, never bool subclasses here).
+    if not value or (set(map(type, value)) == {int} and min(value) >= 0 and max(value) <= MAX_ID):
+        return tuple(value)
     for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise TraceError(f"{where}: field {name!r} holds {item!r}; block ids must be integers >= 0")
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_ID:
+            raise TraceError(
+                f"{where}: field {name!r} holds {item!r}; block ids must be integers in 0..2**63-1"
+            )
     return tuple(value)
 
 
@@ -123,8 +142,8 @@ def _parse(obj: Any, where: str) -> TraceRequest:
     if "timestamp" not in obj or not ("hash_ids" in obj or "blocks" in obj):
         raise TraceError(f"{where}: not a known trace line: {_missing(obj)}")
     ts = obj.get("timestamp")
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
-        raise TraceError(f"{where}: field 'timestamp' must be a number of milliseconds, got {ts!r}")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise TraceError(f"{where}: field 'timestamp' must be a finite number of milliseconds, got {ts!r}")
     if "hash_ids" in obj and "chat_id" in obj:
         return _parse_bailian(obj, float(ts), where)
     if "hash_ids" in obj:
@@ -167,8 +186,8 @@ def _parse_bailian(obj: dict[str, Any], ts_seconds: float, where: str) -> TraceR
     if lacking:
         raise TraceError(f"{where}: Qwen-Bailian line (has 'chat_id') lacks {', '.join(map(repr, lacking))}")
     parent = obj["parent_chat_id"]
-    if isinstance(parent, bool) or not isinstance(parent, int) or parent < -1:
-        raise TraceError(f"{where}: field 'parent_chat_id' must be an integer >= -1, got {parent!r}")
+    if isinstance(parent, bool) or not isinstance(parent, int) or not -1 <= parent <= MAX_ID:
+        raise TraceError(f"{where}: field 'parent_chat_id' must be an integer in -1..2**63-1, got {parent!r}")
     kind = obj.get("type")
     if kind is not None and not isinstance(kind, str):
         raise TraceError(f"{where}: field 'type' must be a string, got {kind!r}")
@@ -190,23 +209,43 @@ def iter_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceR
     if not p.is_file():
         raise TraceError(f"{p}: trace file not found")
     count = 0
-    with _open_text(p) as fh:
+    cap = MAX_LINE_BYTES + 1  # never read more than this at once: a 1 GB line costs ~the cap
+    with _open_binary(p) as fh:
+        readline = fh.readline
         lineno = 0
-        try:
-            for lineno, line in enumerate(fh, start=1):
-                if limit is not None and count >= limit:
-                    return
-                if not line.strip():
-                    continue
-                where = f"{p}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-                yield _parse(obj, where)
-                count += 1
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{p}:{lineno + 1}: cannot read trace ({exc})") from exc
+        while True:
+            try:
+                raw = readline(cap)
+            except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream, an I/O error
+                raise TraceError(f"{p}:{lineno + 1}: cannot read trace ({exc})") from exc
+            if not raw or (limit is not None and count >= limit):
+                return
+            lineno += 1
+            where = f"{p}:{lineno}"
+            if len(raw) == cap and raw[-1] != 10:  # no newline within the cap
+                raise TraceError(
+                    f"{where}: line longer than {MAX_LINE_BYTES} bytes (kvtier.sim.trace.MAX_LINE_BYTES); "
+                    "one request per line, as JSON"
+                )
+            try:
+                line = raw.decode("utf-8")  # per line: a bad byte is reported on its own line
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            if line.isspace():
+                continue
+            yield _parse(_loads(line, where), where)
+            count += 1
+
+
+def _loads(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise TraceError(f"{where}: invalid JSON ({exc})") from None
 
 
 def read_trace(path: str | Path, *, limit: int | None = None) -> list[TraceRequest]:

@@ -11,7 +11,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from kvtier.errors import MisuseError
-from kvtier.plugins import create_policy, create_tier
+from kvtier.plugins import check_tier, create_policy
 from kvtier.specs.base import OffloadingSpec
 
 if TYPE_CHECKING:
@@ -33,12 +33,15 @@ class TieringSpec(OffloadingSpec):
             raise MisuseError(
                 f"TieringSpec.create_tiers: {len(contexts)} contexts for {len(tier_configs)} configured tiers"
             )
+        # Every entry is checked before any is built: a bad later tier leaves no directory,
+        # thread or connection of an earlier one behind.
+        checked = [
+            check_tier(tc, ctx, self.config.plugins) for tc, ctx in zip(tier_configs, contexts, strict=True)
+        ]
         built: list[SecondaryTier] = []
         try:
-            for tc, ctx in zip(tier_configs, contexts, strict=True):
-                built.append(
-                    create_tier(tc, primary_kv_view=primary_kv_view, context=ctx, plugins=self.config.plugins)
-                )
+            for entry in checked:
+                built.append(entry.build(primary_kv_view))
         except BaseException:
             # Tiers may own threads and files: do not leak the ones built before the failing entry.
             for tier in reversed(built):

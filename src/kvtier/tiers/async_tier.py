@@ -108,7 +108,15 @@ from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.ratelog import RateLimitedLog
 from kvtier.transfer.workers import Priority, WorkerPool
 
-__all__ = ["MAX_THREADS", "AsyncTier", "ChunkOutcome", "JobState", "check_seconds", "chunk_size"]
+__all__ = [
+    "MAX_THREADS",
+    "AsyncTier",
+    "ChunkOutcome",
+    "JobState",
+    "check_seconds",
+    "check_worker_options",
+    "chunk_size",
+]
 
 #: Most worker threads one tier may start (each is a real OS thread; more only adds contention).
 MAX_THREADS = 256
@@ -122,6 +130,16 @@ def check_seconds(key: str, value: object) -> float:
     if not ok or value <= 0:  # type: ignore[operator]
         raise ConfigError(key, f"expected a finite number of seconds > 0, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def check_worker_options(threads: object, batch_blocks: object, log_interval: object) -> float:
+    """Check :class:`AsyncTier`'s own options (``ConfigError`` naming the key); returns the log
+    interval in seconds. Subclasses' ``check_options`` call it too."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise ConfigError("threads", f"expected an integer 1..{MAX_THREADS}, got {threads!r}")
+    if isinstance(batch_blocks, bool) or not isinstance(batch_blocks, int) or batch_blocks < 1:
+        raise ConfigError("batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
+    return check_seconds("log_interval", log_interval)
 
 
 def chunk_size(n: int, *, batch_blocks: int, threads: int) -> int:
@@ -203,14 +221,11 @@ class AsyncTier(SecondaryTier):
         store_gate: StoreGate | None = None,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
-        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
-            raise ConfigError("threads", f"expected an integer 1..{MAX_THREADS}, got {threads!r}")
-        if isinstance(batch_blocks, bool) or not isinstance(batch_blocks, int) or batch_blocks < 1:
-            raise ConfigError("batch_blocks", f"expected an integer >= 1, got {batch_blocks!r}")
+        interval = check_worker_options(threads, batch_blocks, log_interval)
         self.threads = threads
         self.batch_blocks = batch_blocks
         self.log = logger or logging.getLogger(f"kvtier.tiers.{type(self).__name__}")
-        self.rlog = RateLimitedLog(self.log, check_seconds("log_interval", log_interval))
+        self.rlog = RateLimitedLog(self.log, interval)
         self.store_gate = store_gate or StoreGate()
         #: Guards the job bookkeeping and ``stats``; subclasses use it for their in-memory state.
         self._lock = threading.Lock()

@@ -189,6 +189,15 @@ class SecondaryTier(ABC):
         self.context = context
         self.stats = TierStats()
 
+    @classmethod
+    def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
+        """Check a config's ``options`` for this class without side effects (no file, directory,
+        thread or socket is created): raise :class:`~kvtier.errors.ConfigError` naming the key.
+
+        Called for every configured tier before any is built, so a bad later tier leaves nothing
+        behind. The default checks nothing (the constructor still checks everything); a tier whose
+        constructor writes (a directory, a connection) overrides it with its pure checks."""
+
     # -- simulation (no instance: the simulator never builds a real tier) ----------------------
     @classmethod
     def simulation(

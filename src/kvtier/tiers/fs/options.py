@@ -1,23 +1,41 @@
-"""Checks of the fs tier's scalar options, where they are read: one-line ``ConfigError`` naming the key.
+"""Checks of the fs tier's options, where they are read: one-line ``ConfigError`` naming the key.
 
 Booleans must be booleans (``"yes"``, ``1`` are refused: a typo must not pass as true), durations
 finite and positive, ``root_dir`` a non-empty path with ``~`` expanded, and ``max_bytes`` no larger
 than the file system that holds the root (the message shows both sizes).
+
+:func:`read_options` runs every check and creates nothing (it only reads: ``statvfs``, ``lstat``
+of the root and namespace directories, the secret file), so the same function serves the tier's
+constructor and :meth:`FsTier.check_options <kvtier.tiers.fs.tier.FsTier.check_options>`, which
+validates a whole config before any tier touches the disk (``kvtier check`` and ``Engine``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import check_seconds
+from kvtier.tiers.base import TierContext
+from kvtier.tiers.fs.layout import Layout
+from kvtier.tiers.fs.policy import build_policy, policy_capacity
+from kvtier.tiers.fs.segment_index import idx_bytes
+from kvtier.tiers.fs.segments import record_size
+from kvtier.tiers.fs.trust import BlockMac, check_private_dir, load_secret
 
 __all__ = [
+    "SMALL_BLOCK_DEFAULT",
+    "FsOptions",
     "check_bool",
     "check_choice",
     "check_max_bytes",
     "check_seconds",
+    "read_options",
     "root_path",
     "segment_cap",
     "small_block_limit",
@@ -28,6 +46,74 @@ SMALL_BLOCK_DEFAULT = 64 << 10
 _SEG_MIN, _SEG_MAX = 1 << 20, 64 << 20
 #: A segment holds at least this many records (so compaction always frees room).
 SEG_MIN_RECORDS = 8
+
+_VERIFY = ("always", "never")
+_DIRECT = ("auto", "always", "never")
+_READ_IO = ("auto", "direct", "buffered")
+
+
+@dataclass(frozen=True, slots=True)
+class FsOptions:
+    """The fs tier's options, checked (see :func:`read_options`)."""
+
+    layout: Layout
+    max_bytes: int | None
+    policy: CachePolicy
+    verify: bool
+    fsync: bool
+    direct_io: str
+    full_backoff: float
+    record_access: bool
+    refresh_interval: float
+    precreate_dirs: bool
+    shared_root: bool
+    mac: BlockMac | None
+    read_io: str
+    #: Bytes one segment of the small-block path may grow to; ``None``: one file per block.
+    segment_cap: int | None
+
+
+def read_options(context: TierContext, a: Mapping[str, Any]) -> FsOptions:
+    """Check the fs tier's own options ``a`` (every keyword of its constructor but the worker
+    options and ``primary_kv_view``/``context``); writes nothing. Raises :class:`ConfigError`."""
+    if a["root_dir"] is None:
+        raise ConfigError("root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
+    verify, direct_io = a["verify"], a["direct_io"]
+    if verify not in _VERIFY:
+        raise ConfigError("verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
+    if isinstance(direct_io, bool):
+        direct_io = "always" if direct_io else "never"
+    if direct_io not in _DIRECT:
+        raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
+    max_bytes = None if a["max_bytes"] is None else parse_size(a["max_bytes"], "max_bytes")
+    fsync = check_bool("fsync", a["fsync"])
+    full_backoff = check_seconds("full_backoff", a["full_backoff"])
+    record_access = check_bool("record_access", a["record_access"])
+    refresh_interval = check_seconds("refresh_interval", a["refresh_interval"])
+    precreate = check_bool("precreate_dirs", a["precreate_dirs"])
+    shared = check_bool("shared_root", a["shared_root"])
+    read_io = check_choice("read_io", a["read_io"], _READ_IO)
+    seg_cap = None
+    if context.block_bytes <= small_block_limit(a["small_block_bytes"]):
+        record = record_size(32, context.block_bytes, shared) + idx_bytes(32)
+        seg_cap = segment_cap(a["segment_bytes"], max_bytes, record)
+    layout = Layout(root_path(a["root_dir"]), context.namespace, context.block_bytes)
+    check_max_bytes(max_bytes, layout.root_dir)
+    mac = load_secret("root_dir", a["secret_env"], a["secret_file"]) if shared else None
+    if not shared:
+        for d in (layout.root_dir, layout.ns_dir):
+            check_private_dir("root_dir", d)
+    if max_bytes is not None and max_bytes < layout.file_size(32):
+        raise ConfigError(
+            "max_bytes", f"{max_bytes} bytes hold no block file of {layout.file_size(32)} bytes; raise it"
+        )
+    policy = build_policy(
+        a["eviction_policy"], policy_capacity(max_bytes, layout.block_bytes), a["policy_options"] or {}
+    )
+    return FsOptions(
+        layout, max_bytes, policy, verify == "always", fsync, direct_io, full_backoff, record_access,
+        refresh_interval, precreate, shared, mac, read_io, seg_cap,
+    )  # fmt: skip
 
 
 def check_bool(key: str, value: object) -> bool:

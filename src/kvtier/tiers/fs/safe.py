@@ -12,6 +12,13 @@ under ``<ns>/<aa>/<b>/`` goes through :class:`SafeTree`, which
   :class:`ForeignFileError`;
 * unlinks an entry only after an ``lstat`` through the same descriptors shows a regular file of an
   expected owner (provably a file the tier could have written), never anything else.
+
+Shard directory descriptors are **cached** for the tier's life, like the namespace directory's: a
+block operation then costs one ``fstatat`` per level (that the name still holds the cached
+directory: a shard renamed away and replaced by a link or another directory is noticed, the entry
+dropped and the path walked afresh) instead of an ``openat`` and a ``close`` per level. The cache
+never evicts, so a descriptor is never closed while a worker uses it; it holds at most a quarter of
+``RLIMIT_NOFILE`` (past that, shards are opened per operation as before).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 from collections.abc import Collection, Iterator
 
 __all__ = ["DIR_FLAGS", "ForeignFileError", "SafeTree", "open_dir"]
@@ -37,6 +45,26 @@ class ForeignFileError(OSError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(errno.EPERM, f"not a block file of this tier ({reason})", path)
         self.reason = reason
+
+
+_BAD_NAMES = frozenset(("", ".", ".."))
+_NO_FDS: list[int] = []  # never appended to: _locate's "nothing to close"
+
+#: Most shard directories cached: 256 top-level + 4096 leaf directories.
+MAX_CACHED_DIRS = 256 + 256 * 16
+
+
+def _cache_room() -> int:
+    """Shard descriptors one tree may keep open: a quarter of the soft descriptor limit."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - non-POSIX
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CACHED_DIRS
+    return max(0, min(MAX_CACHED_DIRS, soft // 4))
 
 
 def open_dir(path: str, dir_fd: int | None = None) -> int:
@@ -59,39 +87,136 @@ class SafeTree:
         self.owners = None if owners is None else frozenset(owners)
         self.ns_fd = open_dir(ns_dir)
         self.foreign = 0  #: entries refused (counted; the callers log them)
+        # "aa" / "aa/b" -> (descriptor, st_dev, st_ino) of the shard directory (see the module doc).
+        self._dirs: dict[str, tuple[int, int, int]] = {}
+        # "aa/b" -> (descriptor, ((parent fd, name, st_ino) per level)): the fast path of _locate.
+        self._leaves: dict[str, tuple[int, tuple[tuple[int, str, int], ...]]] = {}
+        self._plen = len(self._prefix)
+        self._retired: list[int] = []  # dropped entries: closed only by close() (a worker may use one)
+        self._lock = threading.Lock()
+        self._room = _cache_room()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.ns_fd)
+        """Close every descriptor (the tier's workers have stopped)."""
+        with self._lock:
+            fds = [fd for fd, _, _ in self._dirs.values()] + self._retired
+            self._dirs.clear()
+            self._retired = []
+        for fd in (*fds, self.ns_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _split(self, path: str) -> list[str]:
         if not path.startswith(self._prefix):
             raise ForeignFileError(path, "outside")
         parts = path[len(self._prefix) :].split("/")
-        if not 1 <= len(parts) <= 3 or any(p in ("", ".", "..") for p in parts):
+        if not 1 <= len(parts) <= 3 or not _BAD_NAMES.isdisjoint(parts):
             raise ForeignFileError(path, "outside")
         return parts
+
+    def _locate(self, path: str) -> tuple[int, str, list[int]]:
+        """``(directory fd, file name, descriptors to close after use)`` for ``path``.
+
+        Fast path: the directory part is a cached shard whose names still hold the cached
+        directories (one ``fstatat`` per level). Otherwise the path is split, checked and walked."""
+        if path.startswith(self._prefix):
+            d, _, name = path[self._plen :].rpartition("/")
+            hit = self._leaves.get(d)
+            if hit is not None and name not in _BAD_NAMES:
+                st = os.stat
+                try:
+                    if all(st(n, dir_fd=p, follow_symlinks=False).st_ino == i for p, n, i in hit[1]):
+                        return hit[0], name, _NO_FDS
+                except OSError:
+                    pass
+                with self._lock:  # swapped under our feet: the walk below re-checks every level
+                    self._leaves.pop(d, None)
+        *dirs, name = self._split(path)
+        fd = self.ns_fd
+        temp: list[int] = []  # descriptors not cached: closed after use
+        checks: list[tuple[int, str, int]] = []
+        try:
+            rel = ""
+            for part in dirs:
+                rel = f"{rel}/{part}" if rel else part
+                parent, fd = fd, self._walk(fd, rel, part, path, temp)
+                hit_ = self._dirs.get(rel)
+                if hit_ is not None and hit_[0] == fd:
+                    checks.append((parent, part, hit_[2]))
+        except BaseException:
+            for t in temp:
+                os.close(t)
+            raise
+        if dirs and not temp and len(checks) == len(dirs):
+            self._leaves[rel] = (fd, tuple(checks))
+        return fd, name, temp
 
     @contextlib.contextmanager
     def leaf(self, path: str) -> Iterator[tuple[int, str]]:
         """``(descriptor of the directory holding path, file name)`` for a path of the tree (a
         block path, or a stray entry up to two levels down). Raises ``FileNotFoundError`` when a
         level is missing, ``ForeignFileError`` when one is not a real directory (a link)."""
-        *dirs, name = self._split(path)
-        fd = self.ns_fd
+        fd, name, temp = self._locate(path)
         try:
-            for d in dirs:
-                try:
-                    nxt = open_dir(d, fd)
-                except OSError as exc:
-                    raise self._dir_error(exc, path) from exc
-                if fd != self.ns_fd:
-                    os.close(fd)
-                fd = nxt
             yield fd, name
         finally:
-            if fd != self.ns_fd:
+            for t in temp:
+                os.close(t)
+
+    def _walk(self, parent: int, rel: str, name: str, path: str, temp: list[int]) -> int:
+        """The descriptor of shard ``rel`` (entry ``name`` of ``parent``): cached, or opened."""
+        hit = self._dirs.get(rel)
+        if hit is not None:
+            fd, dev, ino = hit
+            if self._still(parent, name, dev, ino):
+                return fd
+            with self._lock:  # swapped under our feet: forget it, walk afresh
+                if self._dirs.get(rel) is hit:
+                    del self._dirs[rel]
+                    self._leaves = {k: v for k, v in self._leaves.items() if v[0] != fd}
+                    self._retire(fd)
+        try:
+            fd = open_dir(name, parent)
+        except OSError as exc:
+            raise self._dir_error(exc, path) from exc
+        if len(self._dirs) < self._room:
+            try:
+                st = os.fstat(fd)
+            except OSError:
                 os.close(fd)
+                raise
+            with self._lock:
+                if rel not in self._dirs and len(self._dirs) < self._room:
+                    self._dirs[rel] = (fd, st.st_dev, st.st_ino)
+                    return fd
+        temp.append(fd)
+        return fd
+
+    @staticmethod
+    def _still(parent: int, name: str, dev: int, ino: int) -> bool:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return False
+        return st.st_ino == ino and st.st_dev == dev and stat.S_ISDIR(st.st_mode)
+
+    def forget(self, path: str) -> None:
+        """Drop the cached shards above ``path`` (a rename found its directory gone: the next
+        operation walks afresh and finds the one recreated)."""
+        parts = self._split(path)[:-1]
+        with self._lock:
+            self._leaves.clear()
+            for i in range(len(parts), 0, -1):
+                hit = self._dirs.pop("/".join(parts[:i]), None)
+                if hit is not None:
+                    self._retire(hit[0])
+
+    def _retire(self, fd: int) -> None:
+        """Keep a dropped descriptor until close() (lock held). Someone who keeps swapping shard
+        directories would make these pile up: past 64, this tree stops caching."""
+        self._retired.append(fd)
+        if len(self._retired) > 64:
+            self._room = 0
 
     def _dir_error(self, exc: OSError, path: str) -> OSError:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -137,8 +262,12 @@ class SafeTree:
 
     def lstat(self, path: str) -> os.stat_result:
         """``lstat`` of ``path`` through the confined leaf (``FileNotFoundError`` if absent)."""
-        with self.leaf(path) as (leaf_fd, name):
+        leaf_fd, name, temp = self._locate(path)
+        try:
             return os.stat(name, dir_fd=leaf_fd, follow_symlinks=False)
+        finally:
+            for t in temp:
+                os.close(t)
 
     def lexists(self, path: str) -> bool:
         try:
@@ -160,8 +289,15 @@ class SafeTree:
 
     def rename_in(self, tmp_fd: int, tmp_name: str, final: str) -> None:
         """Rename temp file ``tmp_name`` (in directory ``tmp_fd``) to block path ``final``."""
-        with self.leaf(final) as (leaf_fd, name):
+        leaf_fd, name, temp = self._locate(final)
+        try:
             os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=leaf_fd)
+        except FileNotFoundError:
+            self.forget(final)
+            raise
+        finally:
+            for t in temp:
+                os.close(t)
 
     def make_dirs(self, path: str) -> None:
         """Create the two shard levels above block path ``path`` (0700), never through a link."""

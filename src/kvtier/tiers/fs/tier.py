@@ -33,6 +33,7 @@ it uses in its constructor: :class:`~kvtier.tiers.fs.index.FsIndex` (the in-memo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import threading
@@ -44,37 +45,25 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
-from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
+from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
-from kvtier.tiers.fs.layout import Layout, ShardDirs, block_file_size, probe_direct_io
+from kvtier.tiers.fs.layout import ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
-from kvtier.tiers.fs.options import (
-    SMALL_BLOCK_DEFAULT,
-    check_bool,
-    check_choice,
-    check_max_bytes,
-    check_seconds,
-    root_path,
-    segment_cap,
-    small_block_limit,
-)
+from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options, segment_cap, small_block_limit
 from kvtier.tiers.fs.parts import FsParts
-from kvtier.tiers.fs.policy import build_policy, policy_capacity
+from kvtier.tiers.fs.policy import build_policy
 from kvtier.tiers.fs.scan import TreeScanner
 from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
 from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
-from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV, check_private_dir, load_secret
+from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
 
 __all__ = ["FsTier"]
 
 log = logging.getLogger("kvtier.tiers.fs")
-_VERIFY = ("always", "never")
-_DIRECT = ("auto", "always", "never")
-_READ_IO = ("auto", "direct", "buffered")
 #: Key length the simulation assumes for a block file's header (kvtier's 128-bit block hashes).
 SIM_KEY_BYTES = 16
 
@@ -155,48 +144,37 @@ class FsTier(AsyncTier):
             batch_blocks=batch_blocks, log_interval=log_interval, logger=log,
             store_gate=StoreGate(GateConfig.from_options(backpressure)),
         )  # fmt: skip
-        if root_dir is None:
-            raise ConfigError("root_dir", 'missing; give a directory such as "/mnt/nvme/kvtier"')
-        if verify not in _VERIFY:
-            raise ConfigError("verify", f"expected one of {', '.join(_VERIFY)}, got {verify!r}")
-        if isinstance(direct_io, bool):
-            direct_io = "always" if direct_io else "never"
-        if direct_io not in _DIRECT:
-            raise ConfigError("direct_io", f"expected one of {', '.join(_DIRECT)}, got {direct_io!r}")
-        self.max_bytes: int | None = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
-        # Every scalar option is checked before anything touches the disk.
-        self.fsync = check_bool("fsync", fsync)
-        self.full_backoff = check_seconds("full_backoff", full_backoff)
-        self.record_access = check_bool("record_access", record_access)
-        check_choice("read_io", read_io, _READ_IO)
-        self.refresh_interval = check_seconds("refresh_interval", refresh_interval)
-        precreate = check_bool("precreate_dirs", precreate_dirs)
-        self.shared_root = check_bool("shared_root", shared_root)
-        small = context.block_bytes <= small_block_limit(small_block_bytes)
-        record = record_size(32, context.block_bytes, self.shared_root) + idx_bytes(32)
-        seg_cap = segment_cap(segment_bytes, self.max_bytes, record) if small else None
+        # Every option is checked before anything touches the disk (check_options runs the same).
+        o = read_options(context, {
+            "root_dir": root_dir, "max_bytes": max_bytes, "eviction_policy": eviction_policy,
+            "policy_options": policy_options, "verify": verify, "fsync": fsync, "direct_io": direct_io,
+            "full_backoff": full_backoff, "record_access": record_access,
+            "refresh_interval": refresh_interval, "precreate_dirs": precreate_dirs,
+            "shared_root": shared_root, "secret_env": secret_env, "secret_file": secret_file,
+            "read_io": read_io, "small_block_bytes": small_block_bytes, "segment_bytes": segment_bytes,
+        })  # fmt: skip
+        self.layout, self.max_bytes, self.verify, self.fsync = o.layout, o.max_bytes, o.verify, o.fsync
+        self.full_backoff, self.record_access = o.full_backoff, o.record_access
+        self.refresh_interval, self.shared_root = o.refresh_interval, o.shared_root
+        precreate, direct_io, mac, policy = o.precreate_dirs, o.direct_io, o.mac, o.policy
+        read_io, seg_cap = o.read_io, o.segment_cap
         small = seg_cap is not None
-        self.layout = Layout(root_path(root_dir), context.namespace, context.block_bytes)
-        check_max_bytes(self.max_bytes, self.layout.root_dir)
-        mac = load_secret("root_dir", secret_env, secret_file) if shared_root else None
-        if not shared_root:
-            for d in (self.layout.root_dir, self.layout.ns_dir):
-                check_private_dir("root_dir", d)
-        if self.max_bytes is not None and self.max_bytes < self.layout.file_size(32):
-            raise ConfigError(
-                "max_bytes",
-                f"{self.max_bytes} bytes hold no block file of {self.layout.file_size(32)} bytes; raise it",
-            )
         self._policy_name = eviction_policy
         self._policy_options = dict(policy_options or {})
-        policy = self._new_policy(policy_capacity(self.max_bytes, self.layout.block_bytes))
-        self.layout.ensure("root_dir")
-        self.verify = verify == "always"
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.accounting = SharedAccounting(
-            self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
-            owners=None if shared_root else (os.geteuid(),),
-        )  # fmt: skip
+        try:
+            self.layout.ensure("root_dir")
+            self.accounting = SharedAccounting(
+                self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
+                owners=None if self.shared_root else (os.geteuid(),),
+            )  # fmt: skip
+        except OSError as exc:  # a read-only mount or directory, a file where a directory belongs
+            where = exc.filename if isinstance(exc.filename, str) else self.layout.ns_dir
+            raise ConfigError(
+                "root_dir",
+                f"cannot write the namespace directory: {where} ({exc.strerror or exc}); "
+                "choose a writable root_dir or make it writable by this user",
+            ) from exc
         probed = (direct_io != "never" or read_io == "direct") and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
@@ -252,6 +230,17 @@ class FsTier(AsyncTier):
         self.accounting.on_events = self._scanner.apply_events
         self.accounting.on_epoch_change = self._scanner.on_epoch_change
         self._scanner.start()
+
+    @classmethod
+    def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
+        """Every check of the constructor that writes nothing (see :func:`read_options`)."""
+        bound = inspect.signature(cls).bind_partial(context=context, **options)
+        bound.apply_defaults()
+        args = dict(bound.arguments)
+        check_worker_options(args.pop("threads"), args.pop("batch_blocks"), args.pop("log_interval"))
+        GateConfig.from_options(args.pop("backpressure"))
+        args.pop("context")
+        read_options(context, args)
 
     # -- simulation -------------------------------------------------------------------------
     @classmethod
