@@ -129,7 +129,9 @@ class SafeTree:
             st = os.fstat(fd)
             self.check(st, path)
             if direct:
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
+                # The status flags are the open's (F_SETFL changes only O_APPEND, O_ASYNC,
+                # O_DIRECT, O_NOATIME and O_NONBLOCK): no F_GETFL round trip needed.
+                fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | _O_DIRECT)
         except BaseException:
             os.close(fd)
             raise
