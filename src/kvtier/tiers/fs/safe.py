@@ -165,14 +165,17 @@ class SafeTree:
         with self.leaf(final) as (leaf_fd, name):
             os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=leaf_fd)
 
-    def make_dirs(self, path: str) -> None:
-        """Create the two shard levels above block path ``path`` (0700), never through a link."""
+    def make_dirs(self, path: str, *, top_exists: bool = False) -> None:
+        """Create the two shard levels above block path ``path`` (0700), never through a link.
+        ``top_exists``: the top level is known to exist (its ``mkdir`` is skipped; it is still
+        opened without following a link)."""
         parts = self._split(path)
         if len(parts) != 3:
             raise ForeignFileError(path, "outside")
         top, mid = parts[0], parts[1]
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(top, 0o700, dir_fd=self.ns_fd)
+        if not top_exists:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(top, 0o700, dir_fd=self.ns_fd)
         try:
             top_fd = open_dir(top, self.ns_fd)
         except OSError as exc:
