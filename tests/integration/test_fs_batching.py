@@ -84,3 +84,48 @@ def test_queued_jobs_needing_room_evict_as_one_job_at_a_time(tmp_path: Path) -> 
         assert st.published == sum(on_disk.values()) == cap * size
     finally:
         tier.shutdown()
+
+
+def test_lingering_publications_strand_no_job_with_many_threads_and_split_jobs(tmp_path: Path) -> None:
+    """Four workers, jobs of one block and jobs split into one-block chunks, all queued at once:
+    finished jobs wait for a running chunk's publication (and publications reserve for queued
+    jobs), yet every job is reported, every block is published and loads back, and nothing
+    stays reserved. A job left unpublished would time the wait out."""
+    threads, n = 4, 60
+    primary = h.aligned_primary(n, BLOCK)
+    tier = h.make_tier(primary, tmp_path, threads=threads)
+    tier.batch_blocks = 1
+    try:
+        assert tier.wait_scan(10)
+        keys = [h.key_of(f"s{i}") for i in range(n)]
+        gates = [threading.Event() for _ in range(threads)]
+        for g in gates:
+            tier.run_on_worker(Priority.STORE, g.wait)  # every worker held: the jobs queue up
+        ids, slot = [], 0
+        for j, size in enumerate([1, 3, 1, 1, 5, 1, 2] * 10):
+            if slot + size > n:
+                break
+            for s in range(slot, slot + size):
+                primary.block(s)[:] = h.payload_of(keys[s], BLOCK)
+            ids.append(20_000 + j)
+            tier.submit_store(
+                TransferJob(ids[-1], keys[slot : slot + size], np.arange(slot, slot + size, dtype=np.int32))
+            )
+            slot += size
+        for g in gates:
+            g.set()
+        results = wait_for_jobs(tier, ids, timeout=60)
+        assert len(results) == len(ids) and all(r.success for r in results.values())
+        stored = keys[:slot]
+        assert tier.indexed_keys() == set(stored)
+        st = tier.usage()
+        assert st.reserved == 0
+        files = h.block_files(tier.layout.ns_dir)
+        assert st.published == sum(files.values()) == slot * tier.layout.file_size(16)
+        primary.view.cast("B")[:] = b"\0" * len(primary.view.cast("B"))
+        res = h.load(tier, primary, stored)
+        assert res.success
+        for s, k in enumerate(stored):
+            assert primary.block(s).tobytes() == h.payload_of(k, BLOCK).tobytes()
+    finally:
+        tier.shutdown()

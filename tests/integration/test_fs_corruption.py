@@ -162,3 +162,26 @@ def test_missing_parents_of_root_dir_are_created_private(tmp_path: Path) -> None
             assert d.stat().st_mode & 0o777 == 0o700, d
     finally:
         t.shutdown()
+
+
+def test_a_top_shard_removed_behind_the_tiers_back_is_made_again(tmp_path: Path) -> None:
+    """The tier remembers which top-level shard directories exist (a new leaf under one skips its
+    mkdir); one deleted from outside is recreated by the next store under it, not a failure."""
+    primary = h.aligned_primary(2, 4096)
+    tier = h.make_tier(primary, tmp_path)
+    try:
+        assert tier.wait_scan(10)
+        first = h.key_of("top-0")
+        top, leaf = tier.layout.path_of(first).split("/")[-3:-1]
+        second = next(
+            k for k in (h.key_of(f"top-{i}") for i in range(1, 100_000))
+            if tier.layout.path_of(k).split("/")[-3:-1][0] == top
+            and tier.layout.path_of(k).split("/")[-3:-1][1] != leaf
+        )  # fmt: skip
+        assert h.store(tier, primary, [first]).success
+        shutil.rmtree(os.path.join(tier.layout.ns_dir, top))
+        primary.block(1)[:] = h.payload_of(second, 4096)
+        assert h.store(tier, primary, [second]).success
+        assert os.path.isfile(tier.layout.path_of(second))
+    finally:
+        tier.shutdown()

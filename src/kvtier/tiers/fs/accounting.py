@@ -53,6 +53,8 @@ _OPS = (b"+", b"-")
 #: Longest key an event may carry (the codec's limit).
 MAX_EVENT_KEY = 0xFFFF
 _READ_CHUNK = 1 << 16
+#: Blocks published under one journaled intent (and leaf descriptors held at once).
+_PUBLISH_GROUP = 64
 TMP_DIR = "tmp"
 #: A process token as :class:`~kvtier.tiers.fs.tier.FsTier` makes it: ``<pid>-<8 hex>``. Anything
 #: else read from the tree (accounting entries, ``procs/`` names, temp-file names) is forged or
@@ -504,26 +506,45 @@ class SharedAccounting:
         temp file is dropped. Returns, per item, whether the key is now in the tree.
         """
         me = self.me(st)
-        plan: list[tuple[str, str, int, bool]] = []
+        me["reserved"] = max(0, int(me["reserved"]) - sum(s for _, _, s in items))
+        ok: list[bool] = []
+        # Each group is journaled on its own (its renames only), so a crash between groups leaves
+        # an intent that names exactly the renames that may be half-done; the reservation of a
+        # dead process is dropped whole anyway. Groups bound the leaf descriptors held at once.
+        for lo in range(0, len(items), _PUBLISH_GROUP):
+            with contextlib.ExitStack() as leaves:
+                ok += self._publish_group(st, items[lo : lo + _PUBLISH_GROUP], leaves)
+        return ok
+
+    def _publish_group(
+        self, st: AccountingState, items: list[tuple[str, str, int]], leaves: contextlib.ExitStack
+    ) -> list[bool]:
+        # One confined walk per block serves both the existence check and the rename (the leaf
+        # directory descriptor is kept until the group is done): 4 system calls fewer per block.
+        plan: list[tuple[str, str, int, bool, int | None, str]] = []
         foreign: set[str] = set()
         for tmp, final, size in items:
+            leaf_fd: int | None = None
+            name = ""
             try:
-                self.tree.check(self.tree.lstat(final), final)
+                leaf_fd, name = leaves.enter_context(self.tree.leaf(final))
+                self.tree.check(os.stat(name, dir_fd=leaf_fd, follow_symlinks=False), final)
                 new = False
             except FileNotFoundError:
-                new = True
+                new = True  # a missing shard level: the rename below fails and says so
             except OSError:  # ForeignFileError included: never renamed over, never through a link
                 foreign.add(final)
                 new = False
-            plan.append((tmp, final, size, new))
-        me["reserved"] = max(0, int(me["reserved"]) - sum(s for _, _, s in items))
-        st.published += sum(s for _, _, s, new in plan if new)
-        self.write_intent(st, [["pub", tmp, s] for tmp, _, s, new in plan if new])
+            plan.append((tmp, final, size, new, leaf_fd, name))
+        st.published += sum(p[2] for p in plan if p[3])
+        self.write_intent(st, [["pub", p[0], p[2]] for p in plan if p[3]])
         ok: list[bool] = []
-        for tmp, final, size, new in plan:
+        for tmp, final, size, new, leaf_fd, name in plan:
             tmp_name = tmp.rpartition("/")[2]
             try:
-                if new:
+                if new and leaf_fd is not None:
+                    os.rename(tmp_name, name, src_dir_fd=self.tmp_fd, dst_dir_fd=leaf_fd)
+                elif new:
                     self.tree.rename_in(self.tmp_fd, tmp_name, final)
                 else:
                     os.unlink(tmp_name, dir_fd=self.tmp_fd)

@@ -289,13 +289,25 @@ class ShardDirs:
         self.ns_dir = tree.ns_dir
         #: Leaf directories known to exist.
         self.made: set[str] = set()
+        #: Top-level shard directories known to exist (a new leaf under one skips its mkdir).
+        self.tops: set[str] = set()
 
     def ensure_for(self, path: str) -> None:
         """Create the two shard levels above block file ``path`` (``os.makedirs`` would set the mode
         of the leaf only)."""
         d = path.rpartition("/")[0]  # os.path.dirname, minus its per-call overhead
         if d not in self.made:
-            self.tree.make_dirs(path)  # never through a shard directory replaced by a link
+            top = d.rpartition("/")[0]
+            # Never through a shard directory replaced by a link (make_dirs opens each level
+            # with O_NOFOLLOW, known or not).
+            try:
+                self.tree.make_dirs(path, top_exists=top in self.tops)
+            except FileNotFoundError:
+                if top not in self.tops:
+                    raise
+                self.tops.discard(top)  # removed behind our back: make it again
+                self.tree.make_dirs(path)
+            self.tops.add(top)
             self.made.add(d)
 
     def precreate_top(self, top: int) -> None:

@@ -254,7 +254,9 @@ class SafeTree:
             st = os.fstat(fd)
             self.check(st, path)
             if direct:
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
+                # The status flags are the open's (F_SETFL changes only O_APPEND, O_ASYNC,
+                # O_DIRECT, O_NOATIME and O_NONBLOCK): no F_GETFL round trip needed.
+                fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK | _O_DIRECT)
         except BaseException:
             os.close(fd)
             raise
@@ -299,14 +301,17 @@ class SafeTree:
             for t in temp:
                 os.close(t)
 
-    def make_dirs(self, path: str) -> None:
-        """Create the two shard levels above block path ``path`` (0700), never through a link."""
+    def make_dirs(self, path: str, *, top_exists: bool = False) -> None:
+        """Create the two shard levels above block path ``path`` (0700), never through a link.
+        ``top_exists``: the top level is known to exist (its ``mkdir`` is skipped; it is still
+        opened without following a link)."""
         parts = self._split(path)
         if len(parts) != 3:
             raise ForeignFileError(path, "outside")
         top, mid = parts[0], parts[1]
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(top, 0o700, dir_fd=self.ns_fd)
+        if not top_exists:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(top, 0o700, dir_fd=self.ns_fd)
         try:
             top_fd = open_dir(top, self.ns_fd)
         except OSError as exc:

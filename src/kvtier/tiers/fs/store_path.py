@@ -43,6 +43,8 @@ __all__ = ["StorePath", "StoreProgress"]
 DISK_FULL = "disk full: store dropped (back-pressure)"
 
 Written = tuple[BlockKey, str, str, int]  # key, temp path, final path, file size
+#: Most finished store jobs a publication may wait for while other store chunks are writing.
+LINGER_JOBS = 8
 
 
 @dataclass
@@ -106,6 +108,7 @@ class StorePath:
         self._grant_lock = threading.Lock()  # one reserving thread at a time
         self._pub_q: list[JobState] = []  # store jobs whose writes are done, waiting to be published
         self._pub_lock = threading.Lock()  # one publishing thread at a time
+        self._writing = 0  # store chunks running now (tier lock): a lingering job waits for one
 
     # -- submission (engine thread, tier lock held) ----------------------------------------------
     def admit_locked(self, state: JobState) -> None:
@@ -132,6 +135,8 @@ class StorePath:
         progress: StoreProgress = state.extra
         written: list[Written] = []
         error: str | None = None
+        with self._lock:
+            self._writing += 1
         try:
             granted = self._job_grant(state)
             for key, slot in items:
@@ -157,6 +162,12 @@ class StorePath:
         finally:
             with self._lock:
                 progress.written.extend(written)
+                self._writing -= 1
+                # Jobs left lingering (see finish) wait for a running chunk; when the last one
+                # ends, its thread publishes them, unless its own job's finish is next anyway.
+                orphans = not self._writing and bool(self._pub_q) and state.chunks_left > 1
+            if orphans:
+                self._lead()
         return ChunkOutcome(error=error)  # keys count as stored once published
 
     def write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
@@ -179,6 +190,17 @@ class StorePath:
         self._settle_abandoned(state)
         with self._lock:
             self._pub_q.append(state)
+            # Linger: while other store chunks are writing (and no job waits to reserve, which
+            # may need this job's blocks in the index as eviction candidates), leave the job for
+            # the publication that a chunk finishing soon makes: a stream of one-block jobs then
+            # shares one trip through the accounting lock per few jobs instead of one per job.
+            # A running chunk always ends in a publication (its job's finish, or the orphan check
+            # in write_chunk), so a lingering job waits for at most one block write.
+            if self._writing and not self._grant_q and len(self._pub_q) < LINGER_JOBS:
+                return
+        self._lead()
+
+    def _lead(self) -> None:
         # Leader-style group commit: a worker never waits for another's publication. If one is
         # under way, its thread picks our job up when it looks at the queue again after
         # releasing the lock (below), so this worker goes back to writing at once; a waiting
@@ -294,17 +316,8 @@ class StorePath:
                 while n and sum(sizes[:n]) > free:
                     n -= 1
                 free -= sum(sizes[:n])
-            total = sum(sizes[:n])
-            more: list[JobState] = []
-            for j in queued:
-                need = sum(file_size(len(k)) for k, _ in j.items)
-                if free is not None:
-                    if need > free:
-                        break
-                    free -= need
-                total += need
-                more.append(j)
-            me["reserved"] = int(me["reserved"]) + total
+            more, ahead = self._fitting(queued, free)
+            me["reserved"] = int(me["reserved"]) + sum(sizes[:n]) + ahead
         state.extra.granted = {k for k, _ in state.items[:n]}
         for j in more:
             j.extra.granted = {k for k, _ in j.items}
@@ -313,6 +326,38 @@ class StorePath:
                 state.error = state.error or "capacity: no evictable block (stores dropped)"
                 self.parts.stats.dropped_stores += len(state.items) - n
         return queued[len(more) :]
+
+    def _fitting(self, queued: list[JobState], free: int | None) -> tuple[list[JobState], int]:
+        """The leading queued jobs that fit whole in ``free`` bytes (``None``: unbounded) without
+        evicting anything, and their bytes."""
+        file_size = self.parts.layout.file_size
+        more: list[JobState] = []
+        total = 0
+        for j in queued:
+            need = sum(file_size(len(k)) for k, _ in j.items)
+            if free is not None:
+                if need > free:
+                    break
+                free -= need
+            total += need
+            more.append(j)
+        return more, total
+
+    def _grant_ahead(self, st: AccountingState) -> list[JobState]:
+        """Inside a publication's section: reserve for the queued jobs that fit without evicting
+        (the reservation a job's first chunk would otherwise make in a section of its own). The
+        caller holds the grant lock and marks them granted once the section is written (if it
+        is not, each job's first chunk reserves for itself, as always)."""
+        with self._lock:
+            queued = [j for j in self._grant_q if j.extra.granted is None]
+            self._grant_q.clear()
+        free = None if self.max_bytes is None else self.max_bytes - st.usage
+        more, total = self._fitting(queued, free)
+        me = self.parts.accounting.me(st)
+        me["reserved"] = int(me["reserved"]) + total
+        with self._lock:
+            self._grant_q[:0] = queued[len(more) :]  # still first in line, in order
+        return more
 
     # -- publication -----------------------------------------------------------------------------
     def _publish_jobs(self, batch: list[JobState]) -> None:
@@ -342,6 +387,27 @@ class StorePath:
         for _, _, final, _ in written:
             self.dirs.ensure_for(final)  # normally done already; cheap set lookup then
         ok: list[BlockKey] = []
+        # Non-blocking: a thread reserving holds the grant lock while it waits for the section
+        # we hold, so waiting here could deadlock; it is held until the grants are marked, so a
+        # job's first chunk never reserves a second time for what this section reserved.
+        granting = bool(self._grant_q) and self._grant_lock.acquire(blocking=False)
+        try:
+            ahead = self._publish_in_section(written, ok, granting)
+            for j in ahead:  # reserved in the file now: their first chunks need no section
+                j.extra.granted = {k for k, _ in j.items}
+        finally:
+            if granting:
+                self._grant_lock.release()
+        if self.fsync:
+            for d in {os.path.dirname(f) for _, _, f, _ in written}:
+                fsync_dir(d)
+        return ok
+
+    def _publish_in_section(
+        self, written: list[Written], ok: list[BlockKey], granting: bool
+    ) -> list[JobState]:
+        """One section: the renames (journaled), the index, the event log, and (``granting``) the
+        reservations of the queued jobs that fit; appends the published keys to ``ok``."""
         now = time.time()
         acct = self.parts.accounting
         with acct.section() as st:
@@ -356,10 +422,7 @@ class StorePath:
                         continue
                     self._insert_locked(st, key, size, now)
             acct.log_events(st, [(b"+", bytes(k)) for k in ok])
-        if self.fsync:
-            for d in {os.path.dirname(f) for _, _, f, _ in written}:
-                fsync_dir(d)
-        return ok
+            return self._grant_ahead(st) if granting else []
 
     def _insert_locked(self, st: AccountingState, key: BlockKey, size: int, when: float) -> None:
         """Index a block now in the tree (tier lock + accounting section held)."""
