@@ -1,7 +1,7 @@
 """The README's first command: ``kvtier replay`` with no arguments, no server.
 
-Its speed is measured, not asserted (about 8 s on a quiet 2-core machine, per the README): the test bounds it by
-a timeout so a hang fails, and reports the time it took."""
+Its speed is measured, not asserted (about 8 s on a quiet 2-core machine, per the README): the
+test bounds it by a timeout so a hang fails, and reports the time it took."""
 
 from __future__ import annotations
 

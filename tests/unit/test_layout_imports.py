@@ -23,8 +23,17 @@ PKG = SRC / "kvtier"
 FORBIDDEN = {
     low: {"engine", "sim", "cli", "integrations"}
     for low in (
-        "tiers", "p2p", "policies", "transfer", "keys", "config", "config_vllm", "errors", "plugins",
-        "primary", "codec",
+        "tiers",
+        "p2p",
+        "policies",
+        "transfer",
+        "keys",
+        "config",
+        "config_vllm",
+        "errors",
+        "plugins",
+        "primary",
+        "codec",
     )
 }
 FORBIDDEN["engine"] = {"sim", "cli", "integrations"}
