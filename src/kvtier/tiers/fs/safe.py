@@ -31,7 +31,7 @@ import stat
 import threading
 from collections.abc import Collection, Iterator
 
-__all__ = ["DIR_FLAGS", "ForeignFileError", "SafeTree", "open_dir"]
+__all__ = ["DIR_FLAGS", "ForeignFileError", "SafeTree", "foreign_reason", "open_dir"]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -65,6 +65,20 @@ def _cache_room() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CACHED_DIRS
     return max(0, min(MAX_CACHED_DIRS, soft // 4))
+
+
+def foreign_reason(
+    st: os.stat_result, owners: Collection[int] | None, *, directory: bool = False
+) -> str | None:
+    """Why ``st`` is not the tier's own entry (``"symlink"``, ``"special"``, ``"owner"``), or
+    ``None``: a regular file (a directory with ``directory``) of an expected owner."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+        return "special"
+    if owners is not None and st.st_uid not in owners:
+        return "owner"
+    return None
 
 
 def open_dir(path: str, dir_fd: int | None = None) -> int:
@@ -226,13 +240,7 @@ class SafeTree:
 
     def check(self, st: os.stat_result, path: str) -> None:
         """Raise ``ForeignFileError`` unless ``st`` is a regular file of an expected owner."""
-        reason = None
-        if stat.S_ISLNK(st.st_mode):
-            reason = "symlink"
-        elif not stat.S_ISREG(st.st_mode):
-            reason = "special"
-        elif self.owners is not None and st.st_uid not in self.owners:
-            reason = "owner"
+        reason = foreign_reason(st, self.owners)
         if reason is not None:
             self.foreign += 1
             raise ForeignFileError(path, reason)

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from kvtier.tiers.fs.safe import FILE_FLAGS, ForeignFileError, open_dir
+from kvtier.tiers.fs.safe import FILE_FLAGS, ForeignFileError, foreign_reason, open_dir
 from kvtier.tiers.fs.segment_index import SEG_DIR, SegmentName, parse_name
 
 __all__ = ["SegmentDir"]
@@ -57,13 +56,7 @@ class SegmentDir:
         self.foreign = 0
 
     def _check(self, st: os.stat_result, path: str, *, directory: bool = False) -> None:
-        reason = None
-        if stat.S_ISLNK(st.st_mode):
-            reason = "symlink"
-        elif not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
-            reason = "special"
-        elif self.owners is not None and st.st_uid not in self.owners:
-            reason = "owner"
+        reason = foreign_reason(st, self.owners, directory=directory)
         if reason is not None:
             self.foreign += 1
             raise ForeignFileError(path, reason)
