@@ -35,9 +35,19 @@ def obj_options(workdir: Path, **kw: Any) -> dict[str, Any]:
     }
 
 
+# The suite asserts every store succeeds; the latency gate (tested on its own in
+# test_tiers_backpressure / test_fs_backpressure) would rightly drop stores after one gateway
+# stall over its 2 s/MiB mark on a loaded CI machine, so the suite's tiers run without it.
+_NO_GATE = {"enabled": False}
+
+
 class TestObjContract(AsyncTierContractTests):
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> ObjTier:
-        return ObjTier(primary_kv_view=primary.view, context=primary.context("obj"), **obj_options(workdir))
+        return ObjTier(
+            primary_kv_view=primary.view,
+            context=primary.context("obj"),
+            **obj_options(workdir, backpressure=_NO_GATE),
+        )
 
 
 class TestObjContractBounded(AsyncTierContractTests):
@@ -51,5 +61,5 @@ class TestObjContractBounded(AsyncTierContractTests):
         return ObjTier(
             primary_kv_view=primary.view,
             context=primary.context("obj"),
-            **obj_options(workdir, io_threads=2, batch_blocks=1, max_bytes="10MiB"),
+            **obj_options(workdir, io_threads=2, batch_blocks=1, max_bytes="10MiB", backpressure=_NO_GATE),
         )
