@@ -1,23 +1,44 @@
 """p2p fetch throughput between two processes on loopback, next to a raw socket transfer, same run.
 
-A server process holds ``--blocks`` blocks of each size (default 1 MiB and 4 MiB) in a real
-Engine's primary tier and runs two servers on 127.0.0.1:
+Process layout (the same for both transfers): a **server process** (spawned) holds ``--blocks``
+blocks of each size (default 1 MiB and 4 MiB) in a real Engine's primary tier and serves them on
+127.0.0.1 from two servers, each a thread of that process blocked in its socket while the other
+side's round runs (one round at a time, so neither competes with the other for the GIL):
 
-* the kvtier **block server** (handshake, HMAC auth, pinning, per-block checksums when asked);
-* a **raw socket** server: for each 4-byte request it sends the same rows of the same primary
-  buffer with ``sendmsg`` (one scatter-gather call, as the block server), nothing else (no framing,
-  no pinning, no checksum, no timeouts): the best a Python TCP transfer of these bytes can do.
+* the kvtier **block server** (handshake, HMAC auth, pinning per FETCH, per-block checksums
+  when asked): one accept thread, one thread for the connection;
+* a **raw socket** server: one thread for its connection. For each 4-byte request it sends, in
+  one ``sendmsg`` (scatter-gather, as the block server), a prefix as long as kvtier's reply
+  frame for that many blocks (its bytes are never read) and then the same rows of the same
+  primary buffer, as memoryviews made once: no parsing, no pinning, no checksum, no per-request
+  allocation.
 
-This process fetches all blocks per round, into the rows of a destination buffer with
-``recv_into``, over one connection each:
+The **client** is this process, one thread, one connection to each server kept for the whole
+run; every round fetches all blocks into the rows of one preallocated destination buffer:
 
 * **p2p**: ``PeerConnection.fetch`` (what a p2p tier worker does per chunk), ``verify`` off (the
   transport) and on (the tier's default: one xxh3 pass on each side);
-* **raw**: request, then ``recv_into(..., MSG_WAITALL)`` of exactly the same bytes into the same
-  rows. Both sides of both transfers use the same socket options (``TCP_NODELAY``, blocking with
-  5 s kernel timeouts) and keep the kernel's socket buffer sizes (autotuned).
+* **raw**: the request, then ``recv_into(..., MSG_WAITALL)`` of the prefix into a preallocated
+  buffer and of each block into its row. Both transfers use the same socket options
+  (``TCP_NODELAY``, blocking with 5 s kernel timeouts, autotuned kernel buffers).
 
-Each round runs raw and both p2p variants back to back (alternating the order), after
+So the raw side moves the same bytes at the same stream offsets, with the same syscalls,
+threads, processes and connection reuse; what it leaves out is exactly kvtier's cost (frames,
+key encoding, the pin, the reply table, deadlines, and in ``p2p_verified`` the checksums).
+
+Why the prefix: on this Linux loopback, reading a block into a page-aligned row is slower when
+the block starts at a stream offset at, or just past, a 4 KiB multiple. Measured on the shared
+2-core test machine, raw transfers, paired rounds: no prefix, or one of 8, 16, 4096 or 4104
+bytes, is the slow case; a prefix of 32..4064 bytes, or no prefix with the destination rows
+shifted by 64 bytes (so only the receiving copy's alignment changes), is ~1.35-1.4x faster for
+1 MiB blocks and ~1.14x for 4 MiB, the same as p2p. kvtier's reply frame (16-byte header, 4
+bytes, 9 per key: 596 bytes for 64 keys) moves its blocks off that alignment, so the former raw
+reference, with no prefix, ran the slow case and p2p printed ratios of 1.2-1.3 against it.
+Giving the raw transfer kvtier's offsets removes the layout difference from the ratio (A/A: two
+raw connections so ordered agree within ~4%); a key count whose reply frame lands on the slow
+alignment slows both sides alike.
+
+Each round runs raw and both p2p variants back to back (the six orders in turn), after
 ``--warmup`` rounds that are not counted; at least ``--repeat`` rounds are measured, and more (up
 to ``--max-rounds``) while the size has run less than ``--seconds``. ``ratios`` (p2p / raw
 throughput, the target is >= 0.8 for the transport) is the median over rounds of the paired
@@ -29,6 +50,7 @@ per-round ratios' min, quartiles and max, and the GB/s figures are medians over 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import socket
@@ -50,6 +72,13 @@ def _keys(n: int) -> list[bytes]:
     return [b"bench-key-%06d" % i for i in range(n)]
 
 
+def _reply_frame_bytes(n: int) -> int:
+    """Bytes of kvtier's FETCH_REPLY frame for ``n`` present blocks (what precedes their rows)."""
+    from kvtier.p2p import protocol as P
+
+    return len(P.encode_frame(P.FrameType.FETCH_REPLY, 0, P.encode_fetch_reply([(True, 0)] * n)))
+
+
 def _server(block_bytes: int, n: int, conn: Any) -> None:
     from kvtier.engine import Engine
     from kvtier.keys import BlockKey
@@ -62,6 +91,8 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
     server = BlockServer(engine, secret=SECRET)
     rows = np.asarray(engine.primary_kv_view)
     slots = engine.serving.pin_resident(keys).slots  # held for the raw server's reads too
+    views = [rows[int(s), :block_bytes].data for s in slots]  # made once: no per-request work
+    prefix = memoryview(bytes(_reply_frame_bytes(n)))  # the client always asks for all n
     raw = socket.create_server(("127.0.0.1", 0))
 
     def serve_raw() -> None:
@@ -73,7 +104,7 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
                 if len(req) < 4:
                     return
                 (count,) = struct.unpack("<I", req)
-                _send_rows(c, [rows[int(s), :block_bytes].data for s in slots[:count]])
+                _send_rows(c, [prefix, *views[:count]])
 
     threading.Thread(target=serve_raw, daemon=True).start()
     conn.send((server.port, raw.getsockname()[1], engine.namespace))
@@ -93,7 +124,7 @@ def _same_options(sock: socket.socket) -> None:
 
 
 def _send_rows(c: socket.socket, bufs: list[memoryview]) -> None:
-    """All rows in as few ``sendmsg`` calls as the kernel takes (blocking socket, no timeout)."""
+    """All buffers in as few ``sendmsg`` calls as the kernel takes (blocking socket)."""
     while bufs:
         sent = c.sendmsg(bufs[:1024])
         while sent:
@@ -120,19 +151,24 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float,
         raw = socket.create_connection(("127.0.0.1", raw_port))
         _same_options(raw)
         times: dict[str, list[float]] = {"p2p": [], "p2p_verified": [], "raw": []}
+        # Every order in turn, so no variant keeps a position (the middle one once ran after a
+        # transfer on both sides; an A/A check of two raw connections so ordered agreed to ~3%).
+        orders = list(itertools.permutations(times))
+
+        prefix = memoryview(bytearray(_reply_frame_bytes(n)))  # read and dropped: kvtier's offsets
 
         def raw_round() -> None:
             raw.sendall(struct.pack("<I", n))
-            for v in views:
+            for v in (prefix, *views):
                 got = 0
-                while got < block_bytes:
-                    k = raw.recv_into(v[got:], block_bytes - got, socket.MSG_WAITALL)
+                while got < v.nbytes:
+                    k = raw.recv_into(v[got:], v.nbytes - got, socket.MSG_WAITALL)
                     if k == 0:
                         raise ConnectionError("raw server closed")
                     got += k
 
         for r in rounds(warmup + repeat, warmup + most, seconds):
-            order = ["raw", "p2p", "p2p_verified"] if r % 2 == 0 else ["p2p_verified", "p2p", "raw"]
+            order = orders[r % len(orders)]
             for what in order:
                 t0 = time.perf_counter()
                 if what == "raw":

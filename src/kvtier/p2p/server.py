@@ -57,7 +57,9 @@ class ServedEngine(Protocol):
     namespace: str
     block_bytes: int
     primary_kv_view: memoryview
-    serving: ServingSlots
+
+    @property
+    def serving(self) -> ServingSlots: ...  # read-only, so an engine's own Serving type conforms
 
     def complete_load(self, handle: Any) -> None: ...
 
