@@ -7,7 +7,8 @@ side's round runs (one round at a time, so neither competes with the other for t
 
 * the kvtier **block server** (handshake, HMAC auth, pinning per FETCH, per-block checksums
   when asked): one accept thread, one thread for the connection;
-* a **raw socket** server: one thread for its connection. For each 4-byte request it sends, in
+* a **raw socket** server: one thread for its connection. It first sends as many bytes as the
+  block server's handshake replies (CHALLENGE, WELCOME). For each 4-byte request it sends, in
   one ``sendmsg`` (scatter-gather, as the block server), a prefix as long as kvtier's reply
   frame for that many blocks (its bytes are never read) and then the same rows of the same
   primary buffer, as memoryviews made once: no parsing, no pinning, no checksum, no per-request
@@ -34,9 +35,10 @@ shifted by 64 bytes (so only the receiving copy's alignment changes), is ~1.35-1
 1 MiB blocks and ~1.14x for 4 MiB, the same as p2p. kvtier's reply frame (16-byte header, 4
 bytes, 9 per key: 596 bytes for 64 keys) moves its blocks off that alignment, so the former raw
 reference, with no prefix, ran the slow case and p2p printed ratios of 1.2-1.3 against it.
-Giving the raw transfer kvtier's offsets removes the layout difference from the ratio (A/A: two
-raw connections so ordered agree within ~4%); a key count whose reply frame lands on the slow
-alignment slows both sides alike.
+Offsets count from a connection's first byte, so with any prefix they move from round to round,
+while with none every block of every round sat at a 4 KiB multiple. Giving the raw transfer
+kvtier's offsets removes the layout difference from the ratio (A/A: two raw connections so
+ordered agree within ~4%).
 
 Each round runs raw and both p2p variants back to back (the six orders in turn), after
 ``--warmup`` rounds that are not counted; at least ``--repeat`` rounds are measured, and more (up
@@ -44,7 +46,8 @@ to ``--max-rounds``) while the size has run less than ``--seconds``. ``ratios`` 
 throughput, the target is >= 0.8 for the transport) is the median over rounds of the paired
 per-round ratio, which cancels most of the drift of a shared machine; ``spread`` gives the
 per-round ratios' min, quartiles and max, and the GB/s figures are medians over rounds.
-``--json`` prints ONE JSON object.
+After the rounds, one more (untimed) transfer of each kind is compared byte for byte with the
+server's blocks. ``--json`` prints ONE JSON object.
 """
 
 from __future__ import annotations
@@ -79,6 +82,16 @@ def _reply_frame_bytes(n: int) -> int:
     return len(P.encode_frame(P.FrameType.FETCH_REPLY, 0, P.encode_fetch_reply([(True, 0)] * n)))
 
 
+def _handshake_bytes() -> int:
+    """Bytes a block server sends in the handshake (CHALLENGE, WELCOME) before any reply."""
+    from kvtier.p2p import protocol as P
+
+    mac = P.auth_mac(b"x", b"server", b"", b"", b"")
+    return len(P.encode_frame(P.FrameType.CHALLENGE, 0, P.new_nonce())) + len(
+        P.encode_frame(P.FrameType.WELCOME, 0, mac)
+    )
+
+
 def _server(block_bytes: int, n: int, conn: Any) -> None:
     from kvtier.engine import Engine
     from kvtier.keys import BlockKey
@@ -99,6 +112,7 @@ def _server(block_bytes: int, n: int, conn: Any) -> None:
         c, _ = raw.accept()
         _same_options(c)
         with c:
+            c.sendall(bytes(_handshake_bytes()))  # so every later byte sits at kvtier's stream offset
             while True:
                 req = c.recv(4)
                 if len(req) < 4:
@@ -150,9 +164,12 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float,
                               secret=SECRET, timeout=5.0)  # fmt: skip
         raw = socket.create_connection(("127.0.0.1", raw_port))
         _same_options(raw)
+        greeting = bytearray(_handshake_bytes())
+        if raw.recv_into(greeting, len(greeting), socket.MSG_WAITALL) != len(greeting):
+            raise ConnectionError("raw server closed")
         times: dict[str, list[float]] = {"p2p": [], "p2p_verified": [], "raw": []}
         # Every order in turn, so no variant keeps a position (the middle one once ran after a
-        # transfer on both sides; an A/A check of two raw connections so ordered agreed to ~3%).
+        # transfer on both sides; an A/A check of two raw connections so ordered agreed within ~4%).
         orders = list(itertools.permutations(times))
 
         prefix = memoryview(bytearray(_reply_frame_bytes(n)))  # read and dropped: kvtier's offsets
@@ -168,7 +185,7 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float,
                     got += k
 
         for r in rounds(warmup + repeat, warmup + most, seconds):
-            order = orders[r % len(orders)]
+            order = orders[(r - warmup) % len(orders)]
             for what in order:
                 t0 = time.perf_counter()
                 if what == "raw":
@@ -178,6 +195,13 @@ def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float,
                     assert all(ok), "a benchmark block failed to arrive"
                 if r >= warmup:
                     times[what].append(time.perf_counter() - t0)
+        # Untimed: both transfers deliver the server's bytes (a reference that moved wrong bytes
+        # fast would be no reference).
+        expect = np.random.default_rng(1).integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+        for fill in (raw_round, lambda: peer.fetch(keys, views, 60.0, verify=False)):
+            dest[:] = 0
+            fill()
+            assert np.array_equal(dest, expect), "a transfer delivered other bytes than the server's"
         peer.close()
         raw.close()
         total = n * block_bytes
