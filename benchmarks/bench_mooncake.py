@@ -161,7 +161,7 @@ def _round(tier: _Tier, raw: _Raw, keys: list[BlockKey], names: list[str], r: in
 
 def bench_size(
     master: str, metadata: str, client: Any, block_bytes: int, blocks: int, threads: int, repeat: int,
-    warmup: int = 1, seconds: float = 0.0, max_rounds: int = 60,
+    warmup: int = 1, seconds: float = 0.0, max_rounds: int = 60, tier_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     per = max(1, -(-blocks // threads))
     tier_cfg = {
@@ -171,6 +171,7 @@ def bench_size(
         "threads": threads,
         "batch_blocks": blocks,  # a job is one batched call, like the raw one-call variant
         "key_prefix": f"bench-{os.getpid()}",
+        **(tier_options or {}),
     }
     cfg = {
         "block_bytes": block_bytes,
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted (default 1)")
     ap.add_argument("--master", help="host:port of a running mooncake_master (default: start one)")
     ap.add_argument("--metadata", help="its metadata server URL (with --master)")
+    ap.add_argument(
+        "--staging-max-block", type=int, help="the tier's staging_max_block (default: the tier's, 512 KiB)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
@@ -265,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         if client.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master) != 0:
             raise RuntimeError(f"mooncake setup with {master} failed")
         opts = (args.blocks, args.threads, args.repeat, args.warmup, args.seconds, args.max_rounds)
-        results = [bench_size(master, metadata, client, int(s), *opts) for s in args.sizes.split(",")]
+        extra = {} if args.staging_max_block is None else {"staging_max_block": args.staging_max_block}
+        results = [
+            bench_size(master, metadata, client, int(s), *opts, tier_options=extra)
+            for s in args.sizes.split(",")
+        ]
         client.close()
     finally:
         if store is not None:
