@@ -41,6 +41,7 @@ def build(**options: Any) -> MooncakeTier:
         ("replica_num", 0),
         ("key_prefix", ""),
         ("tenant_id", 3),
+        ("staging_max_block", -1),
         ("op_timeout", 0),
         ("threads", 0),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from mooncake_servers import MooncakeStore, mooncake_store
@@ -30,7 +31,17 @@ class TestMooncakeContract(AsyncTierContractTests):
     def _store(self, mooncake_store: MooncakeStore) -> None:
         self.mc = mooncake_store
 
+    #: Extra tier options (the zero-copy subclass below turns staging off).
+    options: ClassVar[dict[str, Any]] = {}
+
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> MooncakeTier:
-        cfg = self.mc.tier_config(key_prefix=prefix(workdir))
+        cfg = self.mc.tier_config(key_prefix=prefix(workdir), **self.options)
         del cfg["type"]
         return MooncakeTier(primary_kv_view=primary.view, context=primary.context("mooncake"), **cfg)  # type: ignore[arg-type]
+
+
+class TestMooncakeZeroCopyContract(TestMooncakeContract):
+    """The same suite on the zero-copy path (two pieces per object, no staging copy): the suite's
+    blocks are small, so the class above runs the staged one."""
+
+    options: ClassVar[dict[str, Any]] = {"staging_max_block": 0}

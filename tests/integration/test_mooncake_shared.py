@@ -32,12 +32,19 @@ BLOCK = 256 * 1024
 PROC = Path(__file__).with_name("remote_engine_proc.py")
 
 
-def config(store: MooncakeStore, prefix: str, **top: Any) -> dict[str, Any]:
+#: The tier's two data paths (same object format): one piece through a registered staging
+#: buffer (blocks up to ``staging_max_block``, the default at these sizes) and zero-copy, two pieces.
+PATHS = {"staged": {}, "zero_copy": {"staging_max_block": 0}}
+
+
+def config(
+    store: MooncakeStore, prefix: str, tier: dict[str, Any] | None = None, **top: Any
+) -> dict[str, Any]:
     return {
         "block_bytes": BLOCK,
         "cpu_bytes_to_use": 16 * BLOCK,
         "model": "mooncake-shared-test",
-        "secondary_tiers": [store.tier_config(key_prefix=prefix)],
+        "secondary_tiers": [store.tier_config(key_prefix=prefix, **(tier or {}))],
         **top,
     }
 
@@ -59,12 +66,14 @@ def test_two_engine_processes_share_blocks_and_tenants_never_do(mooncake_store: 
     assert engine_proc(other_tenant, "load", 12, seed=7, timeout=1.5)["hits"] == 0
 
 
-def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore) -> None:
+@pytest.mark.parametrize("path", list(PATHS))
+def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore, path: str) -> None:
     keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
     data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
     out = np.zeros_like(data)
-    with Engine(config(mooncake_store, "engine-rt")) as eng:
+    with Engine(config(mooncake_store, f"engine-rt-{path}", PATHS[path])) as eng:
         assert isinstance(eng.tiers[0], MooncakeTier)
+        assert eng.tiers[0]._staged == (path == "staged")
         assert eng.store_blocks(keys, data) == 8
         eng.drain()
         eng.reset()
@@ -95,15 +104,36 @@ def _load(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) 
     return set(wait_for_jobs(tier, [jid], timeout=10)[jid].transferred(keys))
 
 
+def test_staged_and_zero_copy_tiers_read_each_others_blocks(mooncake_store: MooncakeStore) -> None:
+    """Both paths write the same object (header + payload, one value): a block stored by one is a
+    verified, byte-exact hit for the other."""
+    primary = PrimaryBuffer.heap(8, 8192, 5000)
+    written = primary.fill_random([0, 1], seed=11)
+    staged = _tier(primary, mooncake_store, "mixed")
+    zero_copy = _tier(primary, mooncake_store, "mixed", staging_max_block=0)
+    try:
+        a, b = BlockKey(b"by-staged"), BlockKey(b"by-zero-copy")
+        assert _store(staged, [a], [0], 1) and _store(zero_copy, [b], [1], 2)
+        assert _load(zero_copy, [a], [2], 3) == {a} and _load(staged, [b], [3], 4) == {b}
+        assert primary.block(2).tobytes() == written[0] and primary.block(3).tobytes() == written[1]
+        assert staged.get_stats()["corrupt"] == zero_copy.get_stats()["corrupt"] == 0
+    finally:
+        staged.shutdown()
+        zero_copy.shutdown()
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize(
     "damage", ["truncate", "flip_payload", "flip_header", "other_key", "empty", "extend"]
 )
-def test_damaged_values_are_never_served_and_are_replaced(mooncake_store: MooncakeStore, damage: str) -> None:
+def test_damaged_values_are_never_served_and_are_replaced(
+    mooncake_store: MooncakeStore, damage: str, path: str
+) -> None:
     primary = PrimaryBuffer.heap(4, 8192, 5000)
     written = primary.fill_random([0, 1], seed=5)
     a, b = BlockKey(b"victim"), BlockKey(b"donor")
-    prefix = f"corrupt-{damage}"
-    tier = _tier(primary, mooncake_store, prefix)
+    prefix = f"corrupt-{damage}-{path}"
+    tier = _tier(primary, mooncake_store, prefix, **PATHS[path])
     raw = raw_client(mooncake_store)
     try:
         assert _store(tier, [a, b], [0, 1], 1)

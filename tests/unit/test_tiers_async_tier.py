@@ -119,6 +119,39 @@ def test_chunk_size_spreads_over_threads_and_caps_at_batch() -> None:
     assert chunk_size(0, batch_blocks=4, threads=4) == 1
 
 
+class WholeJobTier(DictTier):
+    """A dict tier that keeps a job whole (``spreads_jobs`` off) and records its chunk sizes."""
+
+    spreads_jobs = False
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.chunks: list[int] = []
+
+    def _io(self, items: list[Item], store: bool) -> ChunkOutcome:
+        with self._lock:
+            self.chunks.append(len(items))
+        return super()._io(items, store)
+
+
+@pytest.mark.parametrize(("n", "batch", "expect"), [(10, 16, [10]), (10, 4, [4, 4, 2]), (1, 4, [1])])
+def test_a_tier_keeping_jobs_whole_runs_batch_blocks_chunks(n: int, batch: int, expect: list[int]) -> None:
+    """With ``spreads_jobs`` off, 4 threads do not split a job: chunks are ``batch_blocks`` long
+    (the spreading default would cut 10 blocks into chunks of 3 here)."""
+    primary = PrimaryBuffer.heap(SLOTS, BLOCK, BLOCK)
+    primary.fill_random(range(n), seed=n)
+    tier = WholeJobTier(
+        primary_kv_view=primary.view, context=primary.context("whole"), threads=4, batch_blocks=batch
+    )
+    try:
+        job = TransferJob(1, [key(i) for i in range(n)], np.arange(n, dtype=np.int32), False)
+        tier.submit_store(job)
+        assert wait_for_jobs(tier, [1])[1].success
+        assert sorted(tier.chunks, reverse=True) == expect
+    finally:
+        tier.shutdown()
+
+
 def test_bad_threads_or_batch_is_a_config_error() -> None:
     primary = PrimaryBuffer.heap(2, BLOCK, BLOCK)
     for kw in ({"threads": 0}, {"threads": True}, {"batch_blocks": 0}, {"batch_blocks": 1.5}):

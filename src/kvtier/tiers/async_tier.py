@@ -5,8 +5,10 @@ contract once, so a tier (fs, Redis, S3, Mooncake, p2p) writes only its medium's
 index. The base owns:
 
 * **Chunking.** A job's ``(key, slot)`` pairs are split into chunks of
-  :func:`chunk_size` pairs (spread over ``threads`` workers, at most ``batch_blocks`` each) and run
-  on the tier's :class:`~kvtier.transfer.workers.WorkerPool`: loads before stores, FIFO within each.
+  :func:`chunk_size` pairs (spread over ``threads`` workers, at most ``batch_blocks`` each; a tier
+  whose client spreads one batched call itself sets ``spreads_jobs = False``: chunks of
+  ``batch_blocks``) and run on the tier's :class:`~kvtier.transfer.workers.WorkerPool`: loads
+  before stores, FIFO within each.
 * **Exactly-once reporting with partial success.** Chunk outcomes are merged into the job's
   :class:`JobState`; when the last chunk is in, the job is reported once through
   :meth:`~AsyncTier.get_finished_jobs`, with ``successful_keys`` when only some keys made it.
@@ -208,6 +210,10 @@ class AsyncTier(SecondaryTier):
     #: Run chunks on the submitting thread, each job as one chunk (no workers). For tiers whose
     #: "I/O" is a memory copy (the ``example`` tier); everything else stays the same.
     runs_inline: ClassVar[bool] = False
+    #: Spread a job's chunks over the workers (``False``: chunks of ``batch_blocks``, so a job of
+    #: up to ``batch_blocks`` blocks is one chunk; for clients that parallelise one batched call
+    #: themselves, where two concurrent half-size calls cost more than one).
+    spreads_jobs: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -405,7 +411,8 @@ class AsyncTier(SecondaryTier):
             state.chunks_left = 1
             self._run_chunk(state, items)
             return
-        per = chunk_size(len(items), batch_blocks=self.batch_blocks, threads=self.threads)
+        spread = self.threads if self.spreads_jobs else 1
+        per = chunk_size(len(items), batch_blocks=self.batch_blocks, threads=spread)
         chunks = [items[i : i + per] for i in range(0, len(items), per)]
         state.chunks_left = len(chunks)  # before any chunk can finish
         pool = self._workers()
