@@ -20,8 +20,7 @@ Config (docs/remote.md has copyable examples)::
   ``sign_payload`` (botocore signs every body with SHA-256 on plain-http endpoints, and the
   gateway checks it: both on the block's whole length; request headers and credentials stay
   signed). Stores send the slot's memory itself (botocore's parameter validation, which accepts
-  only ``bytes`` or files, is off: kvtier builds every request); loads read the socket straight
-  into the slot.
+  only ``bytes`` or files, is off: kvtier builds every request); loads ``readinto`` the slot.
 * **Lookups never touch the network.** The index is warmed at start by a bounded listing
   (``warm_listing`` objects at most) and kept by the tier's own writes; an unknown key answers
   MISS at once and is checked with a HEAD on a worker (RETRY instead while the listing runs), a
@@ -51,7 +50,7 @@ import http.client
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import boto3
@@ -104,7 +103,7 @@ def _refine(exc: BaseException, cls: type[TierError]) -> type[TierError]:
 
 
 #: Every botocore exception, mapped (tests/unit/test_tiers_remote_base.py checks the coverage), and
-#: what the socket reader under botocore raises when loads read past it (http.client, urllib3).
+#: the HTTP layers' under it (botocore wraps them; one that slips through is still mapped).
 S3_ERRORS = ErrorMap(
     "s3",
     [
@@ -339,13 +338,10 @@ class ObjTier(RemoteTier):
                 self._vanished(key)
                 continue
             body = resp["Body"]
-            read_into, release = _socket_reader(body)
             try:
                 # The payload straight into the slot, verified there (the header: metadata or lead).
                 size = int(resp.get("ContentLength", -1))
-                ok = self._receive(key, slot, read_into, size, _meta_header(resp))
-                if ok:
-                    release()
+                ok = self._receive(key, slot, body.readinto, size, _meta_header(resp))
             finally:
                 body.close()  # a body not read to its end must not go back to the connection pool
             if ok:
@@ -511,32 +507,3 @@ def _meta_header(resp: Mapping[str, Any]) -> bytes | None:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return b""
-
-
-def _socket_reader(body: Any) -> tuple[Callable[[memoryview], int], Callable[[], None]]:
-    """A ``readinto`` for a ``get_object`` body that reads the socket straight into the target,
-    and the call that hands the connection back once the body is read to its end.
-
-    botocore's ``StreamingBody.readinto`` goes through urllib3's, which reads a new bytes object
-    (on Python 3.11 via a temporary bytearray, copied again) and copies it into the target: three
-    copies of each block. The ``http.client`` response under it fills the target from the socket
-    itself. Taken only for an identity-encoded body (nothing to decode) and when botocore's
-    layers look as expected; otherwise the public ``readinto``.
-    """
-    raw = getattr(body, "_raw_stream", None)
-    fp = getattr(raw, "_fp", None)
-    headers = getattr(raw, "headers", None)
-    release = getattr(raw, "release_conn", None)
-    if (
-        not isinstance(fp, http.client.HTTPResponse)
-        or headers is None
-        or headers.get("content-encoding", "identity") != "identity"
-        or not callable(release)
-    ):
-        return body.readinto, lambda: None
-
-    def done() -> None:
-        if fp.isclosed():  # http.client closes itself at the body's end: the connection is reusable
-            release()
-
-    return fp.readinto, done
