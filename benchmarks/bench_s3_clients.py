@@ -8,6 +8,7 @@ the clients' order; figures are medians with the slowest and fastest round. A cl
 installed is reported as such (``pip install awscrt`` / ``aiobotocore``). ``--json`` prints one
 object; ``ratios`` are each client / boto3 (medians). This picks the client the ``obj`` tier uses
 (docs/remote.md, "Choosing the S3 client"); bench_remote.py compares the tier with boto3.
+``boto3_kvtier`` is boto3 with the tier's own client settings.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 MIB = 1 << 20
 BUCKET = "kvtier-bench-clients"
@@ -34,15 +35,19 @@ BUCKET = "kvtier-bench-clients"
 
 class Boto3:
     name = "boto3"
+    #: Config options on top of the path addressing and pool size every variant has.
+    options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, endpoint: str, creds: dict[str, str], threads: int) -> None:
         import boto3
         from botocore.config import Config
 
+        s3_opts = {"addressing_style": "path", **self.options.get("s3", {})}
+        extra = {k: v for k, v in self.options.items() if k != "s3"}
         self._local = threading.local()
         self._make = lambda: boto3.session.Session().client(
             "s3", endpoint_url=endpoint, region_name="us-east-1",
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=threads), **creds,
+            config=Config(s3=s3_opts, max_pool_connections=threads, **extra), **creds,
         )  # fmt: skip
         self.pool = ThreadPoolExecutor(threads)
         first = self._make()
@@ -66,6 +71,19 @@ class Boto3:
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+class Boto3Kvtier(Boto3):
+    """boto3 with the obj tier's settings: no CRC32 (kvtier sums the block), no SigV4 payload
+    signing, no parameter validation."""
+
+    name = "boto3_kvtier"
+    options: ClassVar[dict[str, Any]] = {
+        "s3": {"payload_signing_enabled": False},
+        "request_checksum_calculation": "when_required",
+        "response_checksum_validation": "when_required",
+        "parameter_validation": False,
+    }
 
 
 class Crt:
@@ -196,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     clients: list[Any] = []
     missing: dict[str, str] = {}
-    for cls in (Boto3, Crt, AioBotocore):
+    for cls in (Boto3, Boto3Kvtier, Crt, AioBotocore):
         try:
             clients.append(cls(args.s3_endpoint, creds, args.threads))
         except ImportError as exc:

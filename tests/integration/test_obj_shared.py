@@ -92,7 +92,9 @@ def _run(tier: ObjTier, keys: list[BlockKey], slots: list[int], jid: int, *, loa
     return wait_for_jobs(tier, [jid], timeout=60)[jid]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_payload", "other_key", "empty"])
+@pytest.mark.parametrize(
+    "damage", ["truncate", "flip_payload", "other_key", "empty", "no_metadata", "bad_metadata"]
+)
 def test_damaged_objects_are_never_served(tmp_path: Path, damage: str) -> None:
     primary = PrimaryBuffer.heap(4, 8192, 5000)
     written = primary.fill_random([0, 1], seed=5)
@@ -102,22 +104,47 @@ def test_damaged_objects_are_never_served(tmp_path: Path, damage: str) -> None:
         assert _run(tier, [a, b], [0, 1], 1, load=False).success
         raw = raw_client()
         name = tier.object_name(a)
-        value = raw.get_object(Bucket=BUCKET, Key=name)["Body"].read()
-        assert value.endswith(written[0])
+        got = raw.get_object(Bucket=BUCKET, Key=name)
+        value, meta = got["Body"].read(), got["Metadata"]
+        assert value == written[0] and set(meta) == {"kvtier-head"}  # the header rides in metadata
         if damage == "truncate":
             value = value[: len(value) // 2]
         elif damage == "flip_payload":
             value = value[:-7] + bytes([value[-7] ^ 0x10]) + value[-6:]
         elif damage == "other_key":
-            value = raw.get_object(Bucket=BUCKET, Key=tier.object_name(b))["Body"].read()
+            other = raw.get_object(Bucket=BUCKET, Key=tier.object_name(b))
+            value, meta = other["Body"].read(), other["Metadata"]
+        elif damage == "no_metadata":
+            meta = {}
+        elif damage == "bad_metadata":
+            meta = {"kvtier-head": "not*base64"}
         else:
             value = b""
-        raw.put_object(Bucket=BUCKET, Key=name, Body=value)
+        raw.put_object(Bucket=BUCKET, Key=name, Body=value, Metadata=meta)
         primary.rows[2] = 0
         got = _run(tier, [a, b], [2, 3], 2, load=True)
         assert set(got.transferred([a, b])) == {b}
         assert not primary.block(2).any() and primary.block(3).tobytes() == written[1]
         assert tier.get_stats()["corrupt"] == 1 and tier.lookup(a) is LookupResult.MISS
+    finally:
+        tier.shutdown()
+
+
+def test_long_keys_lead_the_body_with_their_header(tmp_path: Path) -> None:
+    """A header too big for S3's 2 KB of metadata goes in front of the payload; both layouts load."""
+    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    written = primary.fill_random([0, 1], seed=9)
+    long_key, short_key = BlockKey(b"L" * 2000), BlockKey(b"short")
+    tier = ObjTier(primary_kv_view=primary.view, context=primary.context("obj"), **obj_options(tmp_path))
+    try:
+        assert _run(tier, [long_key, short_key], [0, 1], 1, load=False).success
+        raw = raw_client()
+        long_obj = raw.get_object(Bucket=BUCKET, Key=tier.object_name(long_key))
+        assert long_obj["Metadata"] == {} and long_obj["ContentLength"] > 5000 + 2000
+        assert raw.head_object(Bucket=BUCKET, Key=tier.object_name(short_key))["ContentLength"] == 5000
+        got = _run(tier, [long_key, short_key], [2, 3], 2, load=True)
+        assert got.success, got.error
+        assert primary.block(2).tobytes() == written[0] and primary.block(3).tobytes() == written[1]
     finally:
         tier.shutdown()
 
@@ -142,7 +169,7 @@ def test_large_blocks_use_multipart_uploads(tmp_path: Path) -> None:
 def test_max_bytes_deletes_the_oldest_objects(tmp_path: Path) -> None:
     primary = PrimaryBuffer.heap(8, 65536, 65536)
     primary.fill_random(range(8), seed=7)
-    size = 65536 + 100  # payload + header (a bound: the header is ~60 bytes here)
+    size = 65536  # the object is the payload alone (the header rides in metadata)
     tier = ObjTier(
         primary_kv_view=primary.view, context=primary.context("obj"),
         **obj_options(tmp_path, max_bytes=4 * size, io_threads=1),

@@ -7,10 +7,20 @@ Config (docs/remote.md has copyable examples)::
     {"type": "obj", "bucket": "kv-cache", "endpoint_url": "http://rgw:7480", "addressing_style": "path"}
 
 * **Objects** are ``<prefix>/<namespace>/<hex of the block key>`` (keys over 200 bytes: ``x`` and
-  their xxh3-128; the header holds the real key). Each is a :mod:`kvtier.codec` blob, verified on
-  load, so a truncated, foreign or damaged object is a miss (``stats.corrupt``), never served.
-  kvtier's checksum replaces the client's (``request_checksum_calculation="when_required"``): the
-  payload is summed once, not twice.
+  their xxh3-128; the header holds the real key). The body is the block's bytes exactly and the
+  :mod:`kvtier.codec` header (key, namespace tag, length, checksum) travels as the user metadata
+  ``x-amz-meta-kvtier-head`` (base64), so a 4 MiB block is a 4 MiB object: one more byte would
+  make Ceph RGW store it as two RADOS objects (its head and stripe size is 4 MiB) and read 4 MiB
+  blocks ~20% slower. Headers over 1 KiB (keys over ~980 bytes; S3 allows 2 KB of metadata) lead
+  the body instead; loads read either layout. Every object is verified on load, so a truncated,
+  foreign or damaged one (or one whose metadata was lost) is a miss (``stats.corrupt``), never
+  served.
+* **Less work per request.** kvtier's checksum replaces the client's
+  (``request_checksum_calculation="when_required"``) and SigV4 payload signing is off unless
+  ``sign_payload`` (botocore signs every body with SHA-256 on plain-http endpoints, and the
+  gateway checks it: both on the block's whole length; request headers and credentials stay
+  signed). Stores send the slot's memory itself (botocore's parameter validation, which accepts
+  only ``bytes`` or files, is off: kvtier builds every request); loads ``readinto`` the slot.
 * **Lookups never touch the network.** The index is warmed at start by a bounded listing
   (``warm_listing`` objects at most) and kept by the tier's own writes; an unknown key answers
   MISS at once and is checked with a HEAD on a worker (RETRY instead while the listing runs), a
@@ -27,12 +37,16 @@ Config (docs/remote.md has copyable examples)::
   named by ``access_key_env``/``secret_key_env``) or else from the standard AWS chain (environment,
   shared config, instance role). They are never logged or shown by ``config_info``.
 
-Client choice: boto3 with one client per worker thread, measured against the AWS CRT transfer
-client in benchmarks/bench_remote.py (docs/remote.md quotes the figures).
+Client choice: boto3 with one client per worker thread, measured against the AWS CRT client and
+aiobotocore in benchmarks/bench_s3_clients.py; docs/remote.md quotes the figures (the CRT is ~2x at
+512 KiB, level at 4 MiB) and the next step.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import http.client
 import os
 import threading
 from collections import OrderedDict
@@ -41,6 +55,7 @@ from typing import Any, ClassVar
 
 import boto3
 import botocore.exceptions as bx
+import urllib3.exceptions as ux
 import xxhash
 from botocore.config import Config
 
@@ -64,6 +79,8 @@ Item = tuple[BlockKey, int]
 _ADDRESSING = ("auto", "path", "virtual")
 _MIN_PART = 5 << 20
 _MAX_HEX_KEY = 200
+_META = "kvtier-head"  # user metadata holding the codec header (x-amz-meta-kvtier-head)
+_META_HEADER_MAX = 1024  # bytes of header moved to metadata (base64: ~1.4 KB of S3's 2 KB)
 _MISSING = ("NoSuchKey", "404", "NotFound")
 _SLOW = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "503")
 _DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "NoSuchBucket")
@@ -85,7 +102,8 @@ def _refine(exc: BaseException, cls: type[TierError]) -> type[TierError]:
     return RemoteRejectedError
 
 
-#: Every botocore exception, mapped (tests/unit/test_tiers_remote_base.py checks the coverage).
+#: Every botocore exception, mapped (tests/unit/test_tiers_remote_base.py checks the coverage), and
+#: the HTTP layers' under it (botocore wraps them; one that slips through is still mapped).
 S3_ERRORS = ErrorMap(
     "s3",
     [
@@ -104,6 +122,9 @@ S3_ERRORS = ErrorMap(
         (bx.ImminentRemovalWarning, TierError),
         (bx.UndefinedModelAttributeError, TierError),
         (bx.MissingServiceIdError, TierError),
+        (http.client.HTTPException, TierUnavailableError),  # IncompleteRead: the body was cut
+        (ux.HTTPError, TierUnavailableError),
+        (ux.HTTPWarning, TierError),
     ],
     refine=_refine,
 )
@@ -130,6 +151,8 @@ class ObjTier(RemoteTier):
         max_bytes: kvtier-enforced capacity (``None``: unbounded; see the module doc).
         multipart_threshold / multipart_chunk: sizes (``"64MiB"``) for multipart uploads.
         retries: botocore retries per request (standard mode, exponential backoff).
+        sign_payload: SigV4-sign each body (SHA-256 on both ends; off: kvtier's checksum covers
+            the bytes, TLS the transport).
         warm_listing: most objects listed at start to warm the index (0: no listing).
         create_bucket: create the bucket if it does not exist (tests, single-tenant set-ups).
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
@@ -158,6 +181,7 @@ class ObjTier(RemoteTier):
         multipart_threshold: int | str = "64MiB",
         multipart_chunk: int | str = "16MiB",
         retries: int = 1,
+        sign_payload: bool = False,
         warm_listing: int = 100_000,
         create_bucket: bool = False,
         op_timeout: float = 1.0,
@@ -206,6 +230,9 @@ class ObjTier(RemoteTier):
         self.region = region
         self.addressing_style = addressing_style
         self.retries = retries
+        if not isinstance(sign_payload, bool):
+            raise ConfigError("sign_payload", f"expected true or false, got {sign_payload!r}")
+        self.sign_payload = sign_payload
         self.warm_listing = warm_listing
         self.create_bucket = bool(create_bucket)
         self.max_bytes = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
@@ -258,9 +285,10 @@ class ObjTier(RemoteTier):
                 read_timeout=self.op_timeout,
                 retries={"total_max_attempts": 1 + self.retries, "mode": "standard"},
                 max_pool_connections=2,
-                s3={"addressing_style": self.addressing_style},
+                s3={"addressing_style": self.addressing_style, "payload_signing_enabled": self.sign_payload},
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
+                parameter_validation=False,  # bodies are memoryviews of slots (see the module doc)
                 tcp_keepalive=True,
             ),
             **{k: v for k, v in self._credentials.items() if v is not None},
@@ -285,11 +313,16 @@ class ObjTier(RemoteTier):
         for key, slot in items:
             head, payload = self._blob_parts(key, slot)
             name = self.object_name(key)
-            size = len(head) + payload.nbytes
+            meta: dict[str, str] = {}
+            lead = head  # a long key's header leads the body
+            if len(head) <= _META_HEADER_MAX:
+                meta, lead = {_META: base64.b64encode(head).decode()}, b""
+            size = len(lead) + payload.nbytes
             if size > self.multipart_threshold:
-                self._put_multipart(client, name, head, payload)
+                self._put_multipart(client, name, lead, payload, meta)
             else:
-                client.put_object(Bucket=self.bucket, Key=name, Body=b"".join((head, payload)))
+                body = b"".join((lead, payload)) if lead else payload  # the slot itself, no copy
+                client.put_object(Bucket=self.bucket, Key=name, Body=body, Metadata=meta)
             done.append(key)
             self._account(key, size)
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
@@ -306,8 +339,9 @@ class ObjTier(RemoteTier):
                 continue
             body = resp["Body"]
             try:
-                # Header into a small buffer, payload straight into the slot, verified there.
-                ok = self._receive(key, slot, body.readinto, int(resp.get("ContentLength", -1)))
+                # The payload straight into the slot, verified there (the header: metadata or lead).
+                size = int(resp.get("ContentLength", -1))
+                ok = self._receive(key, slot, body.readinto, size, _meta_header(resp))
             finally:
                 body.close()  # a body not read to its end must not go back to the connection pool
             if ok:
@@ -350,16 +384,20 @@ class ObjTier(RemoteTier):
         return info
 
     # -- internals -----------------------------------------------------------------------------------------
-    def _put_multipart(self, client: Any, name: str, head: bytes, payload: memoryview) -> None:
-        upload = client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
+    def _put_multipart(
+        self, client: Any, name: str, lead: bytes, payload: memoryview, meta: dict[str, str]
+    ) -> None:
+        upload = client.create_multipart_upload(Bucket=self.bucket, Key=name, Metadata=meta)["UploadId"]
         try:
             parts = []
-            total = len(head) + payload.nbytes
+            total = len(lead) + payload.nbytes
             step = self.multipart_chunk
             for number, lo in enumerate(range(0, total, step), start=1):
                 hi = min(total, lo + step)
-                # The header only ever lands in the first part (it is far smaller than 5 MiB).
-                body = head[lo:hi] + payload[max(0, lo - len(head)) : hi - len(head)].tobytes()
+                if lo >= len(lead):  # a slice of the slot, no copy
+                    body: bytes | memoryview = payload[lo - len(lead) : hi - len(lead)]
+                else:  # a leading header only ever lands in the first part (it is far under 5 MiB)
+                    body = lead[lo:hi] + payload[: hi - len(lead)].tobytes()
                 etag = client.upload_part(
                     Bucket=self.bucket, Key=name, UploadId=upload, PartNumber=number, Body=body
                 )
@@ -457,3 +495,15 @@ def _secret(value: str | None, env: str | None, env_key: str) -> str | None:
     if not isinstance(env, str) or env not in os.environ:
         raise ConfigError(env_key, f"environment variable {env!r} is not set")
     return os.environ[env]
+
+
+def _meta_header(resp: Mapping[str, Any]) -> bytes | None:
+    """The codec header carried in the object's metadata; ``None`` when the body leads with it
+    (long keys); ``b""`` (fails verification) when the metadata is not valid base64."""
+    text = (resp.get("Metadata") or {}).get(_META)
+    if text is None:
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""

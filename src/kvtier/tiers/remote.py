@@ -199,14 +199,23 @@ class RemoteTier(AsyncTier):
         np.copyto(self.slot_array(slot), np.frombuffer(payload, dtype=np.uint8))
         return True
 
-    def _receive(self, key: BlockKey, slot: int, read_into: Callable[[memoryview], int], size: int) -> bool:
+    def _receive(
+        self,
+        key: BlockKey,
+        slot: int,
+        read_into: Callable[[memoryview], int],
+        size: int,
+        head: bytes | bytearray | None = None,
+    ) -> bool:
         """Stream one blob of ``size`` bytes straight into ``slot``: the header into a small
         buffer, the payload into the slot itself (no intermediate copy), then verify it there.
         ``read_into(view)`` fills a prefix of ``view`` and returns its length (0 at the end), like
-        ``socket.recv_into`` or a response body's ``readinto``. A blob of the wrong size or one
-        that fails verification is counted and leaves the slot zeroed (never another key's bytes).
+        ``socket.recv_into`` or a response body's ``readinto``. ``head``: the header when it
+        travelled apart from the value (S3 metadata); the stream then holds the payload alone. A
+        blob of the wrong size or one that fails verification is counted and leaves the slot
+        zeroed (never another key's bytes).
         """
-        head_len = codec.header_size(len(key))
+        head_len = 0 if head is not None else codec.header_size(len(key))
         if size != head_len + self.block_bytes:
             return self._corrupt(
                 key,
@@ -214,9 +223,13 @@ class RemoteTier(AsyncTier):
                     "length", f"blob is {size} bytes, expected {head_len + self.block_bytes}"
                 ),
             )
-        head = bytearray(head_len)
         target = memoryview(self.slot_array(slot).data)
-        if not (_read_exact(read_into, memoryview(head)) and _read_exact(read_into, target)):
+        if head is None:
+            head = bytearray(head_len)
+            complete = _read_exact(read_into, memoryview(head)) and _read_exact(read_into, target)
+        else:
+            complete = _read_exact(read_into, target)
+        if not complete:
             target[:] = bytes(len(target))
             return self._corrupt(key, codec.CorruptBlockError("short", "blob ended early"))
         try:
