@@ -9,8 +9,15 @@ For 512 KiB and 4 MiB blocks:
   with its pure-Python packer. The reference is the faster raw variant by median (the strongest
   baseline); with hiredis installed its packer copies every value, which is why kvtier sends values
   itself (header and slot memory as separate pieces, each block summed just before it is sent).
-  kvtier does more than the reference on stores (an xxh3 pass over every payload for the
-  checksummed header, the job's bookkeeping), so its store ratio is at most about 1.
+
+  **Stores.** kvtier does more than the reference (an xxh3 pass over every payload for the
+  checksummed header, the job's bookkeeping) and saves the server some work: redis-py sends a
+  ``SET``'s small piece (command, key, length) and its value with one ``sendall`` each, so with
+  ``TCP_NODELAY`` the server wakes up for the small segment alone and then again for the value;
+  kvtier hands both to one ``sendmsg`` (``kvtier.tiers.redis_wire.send_vectored``). The server's
+  single thread is what limits the rate here, so a store ratio near or a little above 1 is that
+  saving minus the checksum's cost. redis-py has no gather-write, so the reference stays redis-py
+  as shipped (its faster packer), not a re-implementation of kvtier's sender.
 
   **Why kvtier's loads beat the reference (ratio > 1).** Both raw clients read replies with
   redis-py's fastest parser, hiredis (its pure-Python parser measured at about 0.55x of hiredis
