@@ -39,7 +39,9 @@ A redis-server is started on a free loopback port for the run (and stopped); the
 when no endpoint is given. Round 0 of each backend warms connections, worker threads and clients
 for everyone and is not counted; the counted rounds (``--repeat``; ``--redis-repeat`` for Redis,
 whose rounds take milliseconds, so more of them steady the medians; fresh keys each) interleave
-tier and raw, so a loaded host slows both alike. kvtier's time ends when its workers are done with
+tier and raw, so a loaded host slows both alike. The Redis rounds go through every order of the
+three steps in turn, so each step follows each other one equally often (a step was measured
+slowing the next one by ~10%). kvtier's time ends when its workers are done with
 the job (``drain()``, then the result is collected), as the raw figures end when their futures are
 done: a sleep-poll of ``get_finished_jobs`` would add the harness's poll interval to kvtier's
 figure only (an engine polls on its own step schedule, unrelated to the tier's throughput). Each
@@ -77,6 +79,7 @@ from kvtier.tiers.async_tier import AsyncTier
 
 MIB = 1 << 20
 _ids = itertools.count(1)
+ORDERS = list(itertools.permutations(range(3)))  # the Redis steps' orders, one per round in turn
 
 
 class Rounds:
@@ -222,15 +225,17 @@ def bench_redis(block: int, n: int, threads: int, repeat: int) -> dict[str, Any]
                     keep(r, f"raw_{name}_store", parallel(pool, parts, put))
                     keep(r, f"raw_{name}_load", parallel(pool, parts, get))
 
-                # The order rotates every round: none of the three always writes first after the
-                # flush (fresh server memory) or last.
+                # Every order of the three in turn (6 per cycle): each runs first after the flush,
+                # last, and right after each of the others equally often. A step slows the one
+                # after it (the hiredis variant's copies slowed the next step by ~10% here); mere
+                # rotation would always give each step the same predecessor.
                 steps: list[Callable[[], None]] = [
                     run_tier,
                     lambda: run_raw("default"),
                     lambda: run_raw("python"),
                 ]
-                for step in steps[r % 3 :] + steps[: r % 3]:
-                    step()
+                for step in ORDERS[(r - 1) % len(ORDERS)]:
+                    steps[step]()
                 clients["default"].flushall()
                 tier.index.known.clear()
     finally:
@@ -347,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
     ap.add_argument("--repeat", type=int, default=5, help="interleaved S3 rounds (medians are reported)")
-    ap.add_argument("--redis-repeat", type=int, default=15, help="interleaved Redis rounds")
+    ap.add_argument(
+        "--redis-repeat", type=int, default=18, help="interleaved Redis rounds (6 orders per cycle)"
+    )
     ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_TEST_S3_ENDPOINT", ""))
     ap.add_argument("--s3-bucket", default="kvtier-bench", help="bucket (created when missing)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
