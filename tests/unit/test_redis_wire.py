@@ -180,11 +180,14 @@ def test_vectored_pieces_arrive_whole_and_in_order(pieces: list[bytes], views: b
     got = bytearray()
 
     def drain() -> None:
-        while len(got) < len(want):
-            chunk = b.recv(read)
-            if not chunk:
-                return
-            got.extend(chunk)
+        try:
+            while len(got) < len(want):
+                chunk = b.recv(read)
+                if not chunk:
+                    return
+                got.extend(chunk)
+        except OSError:  # the test failed and closed the socket: the assertion below reports it
+            return
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
@@ -207,10 +210,11 @@ def test_vectored_send_to_a_stalled_or_trickling_peer_times_out_within_the_deadl
         while not stop.wait(0.02):
             b.recv(16_384)
 
+    reader = threading.Thread(target=trickle, daemon=True)
+
     try:
         with pytest.raises(rx.TimeoutError):
             send_vectored(a, [b"x" * 100, memoryview(bytes(64 << 20))])  # b reads nothing
-        reader = threading.Thread(target=trickle, daemon=True)
         reader.start()
         t0 = time.monotonic()
         with pytest.raises(rx.TimeoutError):
@@ -219,6 +223,8 @@ def test_vectored_send_to_a_stalled_or_trickling_peer_times_out_within_the_deadl
         assert a.gettimeout() == 0.3
     finally:
         stop.set()
+        if reader.is_alive():
+            reader.join(5)  # before b closes under it
         a.close()
         b.close()
 
