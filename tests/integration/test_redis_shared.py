@@ -170,16 +170,24 @@ def test_a_key_the_server_evicted_is_a_miss_not_an_error(single: RedisServer) ->
         tier.shutdown()
 
 
-def test_ttl_expires_blocks(single: RedisServer) -> None:
+@pytest.mark.parametrize("block", [5000, 64 << 10], ids=["small", "large"])
+def test_ttl_expires_blocks(single: RedisServer, block: int) -> None:
+    """Every SET of a pipelined chunk carries the expiry, whether its payload is joined with the
+    command (small) or sent as the slot's own memory (large), and the values read back intact."""
     import redis
 
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    primary.fill_random([0], seed=8)
-    tier = _tier(primary, single.url, "ttl", ttl=30)
+    primary = PrimaryBuffer.heap(8, block, block)
+    written = primary.fill_random([0, 1, 2], seed=8)
+    tier = _tier(primary, single.url, f"ttl{block}", ttl=30, batch_blocks=3, threads=1)
+    keys = [BlockKey(b"t%d" % i) for i in range(3)]
     try:
-        assert _store(tier, [BlockKey(b"t")], [0], 1)
-        pttl = redis.Redis.from_url(single.url).pttl(b"ttl:kvtier-test:t")
-        assert 25_000 < pttl <= 30_000
+        assert _store(tier, keys, [0, 1, 2], 1)
+        client = redis.Redis.from_url(single.url)
+        for k in keys:
+            assert 25_000 < client.pttl(b"ttl%d:kvtier-test:%s" % (block, bytes(k))) <= 30_000
+        assert _load(tier, keys, [3, 4, 5], 2) == set(keys)
+        assert [primary.block(s).tobytes() for s in (3, 4, 5)] == [written[s] for s in (0, 1, 2)]
+        client.close()
     finally:
         tier.shutdown()
 

@@ -1,6 +1,12 @@
-"""BulkReader, the redis tier's RESP2 reader of GET replies, over a real socket pair.
+"""BulkReader, the redis tier's RESP2 reader of GET replies, and send_vectored, its gather-writer,
+over real socket pairs.
 
-Property: any sequence of replies (values of any length, nils, error lines), cut into arbitrary
+Property (send_vectored): any pieces (empty, small, larger than the socket's buffers, bytes or
+memoryviews) arrive whole and in order, however slowly the other end reads; a peer that stops
+reading is a ``TimeoutError`` within the socket's timeout for the whole call, a closed peer a
+``ConnectionError``.
+
+Property (BulkReader): any sequence of replies (values of any length, nils, error lines), cut into arbitrary
 pieces by the sender, is read in order and in step: each value reaches ``receive`` byte-exact (or
 is skipped whole when ``receive`` refuses it), nils are ``None``, errors are redis-py's exceptions;
 a connection that ends mid-reply raises ``ConnectionError``, a socket timeout ``TimeoutError``.
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -21,7 +28,7 @@ rx = need_module("redis.exceptions", "redis")
 
 from redis._parsers.base import BaseParser  # noqa: E402
 
-from kvtier.tiers.redis_wire import BulkReader  # noqa: E402
+from kvtier.tiers.redis_wire import BulkReader, send_vectored  # noqa: E402
 
 Reply = bytes | None | str | int  # a value, a nil, an error message, a RESP3 marker
 
@@ -145,3 +152,88 @@ def test_a_silent_server_is_a_timeout_and_garbage_is_invalid() -> None:
     finally:
         a.close()
         b.close()
+
+
+def _large(size_and_seed: tuple[int, int]) -> bytes:
+    """A piece larger than the socket buffers; its bytes depend on its seed (pieces differ)."""
+    size, seed = size_and_seed
+    return bytes((i * 131 + seed) % 251 for i in range(251)) * (size // 251)
+
+
+pieces_st = st.lists(
+    st.one_of(
+        st.binary(max_size=200),
+        st.tuples(st.integers(300_000, 300_500), st.integers(0, 250)).map(_large),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pieces_st, st.booleans(), st.sampled_from([1000, 65_536]))
+def test_vectored_pieces_arrive_whole_and_in_order(pieces: list[bytes], views: bool, read: int) -> None:
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16_384)  # partial sends on large pieces
+    want = b"".join(pieces)
+    got = bytearray()
+
+    def drain() -> None:
+        try:
+            while len(got) < len(want):
+                chunk = b.recv(read)
+                if not chunk:
+                    return
+                got.extend(chunk)
+        except OSError:  # the test failed and closed the socket: the assertion below reports it
+            return
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        send_vectored(a, [memoryview(p) if views else p for p in pieces])
+        reader.join(10)
+        assert bytes(got) == want
+        assert a.gettimeout() == 10  # the socket's own timeout is left as it was
+    finally:
+        a.close()
+        b.close()
+
+
+def test_vectored_send_to_a_stalled_or_trickling_peer_times_out_within_the_deadline() -> None:
+    a, b = socket.socketpair()
+    a.settimeout(0.3)
+    stop = threading.Event()
+
+    def trickle() -> None:  # every system call makes progress, the whole send never ends in time
+        while not stop.wait(0.02):
+            b.recv(16_384)
+
+    reader = threading.Thread(target=trickle, daemon=True)
+
+    try:
+        with pytest.raises(rx.TimeoutError):
+            send_vectored(a, [b"x" * 100, memoryview(bytes(64 << 20))])  # b reads nothing
+        reader.start()
+        t0 = time.monotonic()
+        with pytest.raises(rx.TimeoutError):
+            send_vectored(a, [b"y" * 100, memoryview(bytes(16 << 20))])
+        assert time.monotonic() - t0 < 1.5  # one deadline for the call, not one per system call
+        assert a.gettimeout() == 0.3
+    finally:
+        stop.set()
+        if reader.is_alive():
+            reader.join(5)  # before b closes under it
+        a.close()
+        b.close()
+
+
+def test_vectored_send_to_a_closed_peer_is_a_connection_error() -> None:
+    c, d = socket.socketpair()
+    d.close()
+    try:
+        with pytest.raises(rx.ConnectionError):
+            send_vectored(c, [b"abc", bytes(1 << 20)])
+    finally:
+        c.close()
