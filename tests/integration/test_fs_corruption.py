@@ -182,6 +182,15 @@ def test_a_tree_of_the_older_layout_keeps_it(tmp_path: Path) -> None:
         assert json.loads(cfg.read_text())["shard_hex_chars"] == [2, 1]
     finally:
         t.shutdown()
+    # Its record deleted by hand: the older top-level shards still say which layout it is.
+    cfg.unlink()
+    t = h.make_tier(primary, tmp_path)
+    try:
+        assert t.layout.top_chars == 2
+        assert t.wait_scan(30) and all(t.lookup(k) is LookupResult.HIT for k in keys)
+        assert json.loads(cfg.read_text())["shard_hex_chars"] == [2, 1]
+    finally:
+        t.shutdown()
 
 
 def test_missing_parents_of_root_dir_are_created_private(tmp_path: Path) -> None:

@@ -165,6 +165,10 @@ class Layout:
             raise ConfigError(
                 key_path, f"cannot create {self.ns_dir} ({exc.strerror}); choose a writable root_dir"
             ) from exc
+        # A tree without its record but with top-level shards of the older layout (the file was
+        # deleted by hand) keeps that layout: its blocks stay found and accounted.
+        if not os.path.exists(self.config_path) and self._has_legacy_tops():
+            self._set_shards(SHARD_LAYOUTS[1])
         want = self.expected_config()
         if not os.path.exists(self.config_path):
             tmp = f"{self.config_path}.{os.getpid()}.tmp"
@@ -202,6 +206,13 @@ class Layout:
                     f"{self.config_path} records {field}={have.get(field)!r} but this tier uses "
                     f"{value!r}; use another root_dir or delete {self.ns_dir} to start over",
                 )
+
+    def _has_legacy_tops(self) -> bool:
+        """Whether the namespace directory holds a top-level shard of the older layout (two hex
+        characters, a directory)."""
+        with contextlib.suppress(OSError), os.scandir(self.ns_dir) as it:
+            return any(len(e.name) == 2 and _is_hex(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+        return False
 
     def precreate_worthwhile(self, present_tops: set[int]) -> bool:
         """Whether a background pre-creation of every shard directory is worth starting: always in
