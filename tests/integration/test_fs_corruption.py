@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
-import time
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
@@ -131,23 +132,63 @@ def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Pa
     primary = h.aligned_primary(2, BLOCK)
     t = h.make_tier(primary, tmp_path, precreate_dirs=True)
     try:
-        deadline = time.monotonic() + 60
+        assert t.tree_ready.wait(60), "shard directories were not pre-created"
         ns = Path(t.layout.ns_dir)
-        while len(list(ns.glob("??/?"))) < 256 * 16:
-            assert time.monotonic() < deadline, "shard directories were not pre-created"
-            time.sleep(0.05)
-        for d in [*ns.glob("??"), *ns.glob("??/?")][::97]:
+        assert len(list(ns.glob("?/?"))) == 16 * 16  # a new tree: 16 tops of 16 leaves
+        for d in [*ns.glob("?"), *ns.glob("?/?")][::7]:
             assert d.stat().st_mode & 0o777 == 0o700, d
         k = h.key_of("after-precreate")
         assert os.path.dirname(t.layout.path_of(k)) in t.shard_dirs.made  # no mkdir on the store path
         assert h.store(t, primary, [k]).success
     finally:
         t.shutdown()
-    # The next start sees a complete tree and does not walk it again.
+    # The next start finds every directory (one failed mkdir each) and the block.
     t = h.make_tier(primary, tmp_path, precreate_dirs=True)
     try:
-        assert t.precreate_dirs is False
+        assert t.tree_ready.wait(60)
         assert t.wait_scan(30) and t.lookup(h.key_of("after-precreate")) is LookupResult.HIT
+    finally:
+        t.shutdown()
+
+
+def test_a_tree_of_the_older_layout_keeps_it(tmp_path: Path) -> None:
+    # A tree written by an earlier version records 256 top-level shards of 16 leaves in its
+    # config.json: a new tier keeps that layout (its blocks stay where they are, warm restart
+    # finds them) and does not pre-create 4,352 directories once every top exists.
+    primary = h.aligned_primary(2, BLOCK)
+    t = h.make_tier(primary, tmp_path)
+    cfg = Path(t.layout.config_path)
+    t.shutdown()
+    doc = json.loads(cfg.read_text())
+    doc["shard_hex_chars"] = [2, 1]
+    cfg.write_text(json.dumps(doc))
+    keys = [h.key_of(f"old{i}") for i in range(3)]
+    t = h.make_tier(primary, tmp_path)
+    try:
+        assert (t.layout.top_chars, t.layout.top_count) == (2, 256)
+        for k in keys:
+            assert h.store(t, primary, [k]).success
+            assert re.search(r"/[0-9a-f]{2}/[0-9a-f]/[0-9a-f]+$", t.layout.path_of(k))
+            assert os.path.exists(t.layout.path_of(k))
+    finally:
+        t.shutdown()
+    ns = Path(t.layout.ns_dir)
+    for top in range(256):
+        (ns / f"{top:02x}").mkdir(mode=0o700, exist_ok=True)
+    t = h.make_tier(primary, tmp_path, precreate_dirs=True)
+    try:
+        assert t.precreate_dirs is False  # every top exists: leaves appear on demand
+        assert t.wait_scan(30) and all(t.lookup(k) is LookupResult.HIT for k in keys)
+        assert json.loads(cfg.read_text())["shard_hex_chars"] == [2, 1]
+    finally:
+        t.shutdown()
+    # Its record deleted by hand: the older top-level shards still say which layout it is.
+    cfg.unlink()
+    t = h.make_tier(primary, tmp_path)
+    try:
+        assert t.layout.top_chars == 2
+        assert t.wait_scan(30) and all(t.lookup(k) is LookupResult.HIT for k in keys)
+        assert json.loads(cfg.read_text())["shard_hex_chars"] == [2, 1]
     finally:
         t.shutdown()
 

@@ -41,7 +41,7 @@ def test_warm_restart_answers_retry_then_hit(tmp_path: Path) -> None:
     stale = Path(layout.ns_dir, "tmp", "12345-deadbeef.7")
     stale.write_bytes(b"half a block")
     # The key the scan reaches last (highest top-level shard).
-    last = max(keys, key=Layout.shard_of)
+    last = max(keys, key=layout.shard_of)
 
     # Scan speed is measured (printed here and by benchmarks/bench_fs.py), not asserted: a test
     # must not fail because the CI box is busy.

@@ -273,7 +273,7 @@ class AsyncTier(SecondaryTier):
 
     # -- the contract ------------------------------------------------------------------------
     def submit_store(self, job: TransferJob) -> None:
-        self._check_job(job)
+        slots = self._check_job(job)
         if self._closed:
             self._fail_now(job, False, "tier is shut down")
             return
@@ -283,17 +283,17 @@ class AsyncTier(SecondaryTier):
                 self.stats.dropped_stores += len(job.keys)
             self._fail_now(job, False, reason)
             return
-        state = JobState(job, False, _pairs(job))
+        state = JobState(job, False, _pairs(job, slots))
         with self._lock:
             self._before_store(state)
         self._launch(state, Priority.STORE)
 
     def submit_load(self, job: TransferJob) -> None:
-        self._check_job(job)
+        slots = self._check_job(job)
         if self._closed:
             self._fail_now(job, True, "tier is shut down")
             return
-        state = JobState(job, True, _pairs(job))
+        state = JobState(job, True, _pairs(job, slots))
         with self._lock:
             self._before_load(state)
         self._launch(state, Priority.LOAD)
@@ -385,12 +385,15 @@ class AsyncTier(SecondaryTier):
             self.stats.bytes_written += outcome.nbytes
 
     # -- internals -----------------------------------------------------------------------------
-    def _check_job(self, job: TransferJob) -> None:
-        """Raise on engine bugs (never on backend trouble); register the job as unpolled."""
-        slots = np.asarray(job.slot_ids)
+    def _check_job(self, job: TransferJob) -> list[int]:
+        """Raise on engine bugs (never on backend trouble); register the job as unpolled.
+        Returns the job's slots as a list."""
+        # A plain list: min/max of a few slots (one-block jobs are common) cost far less on a list
+        # than two numpy reductions; _pairs reuses it.
+        slots: list[int] = np.asarray(job.slot_ids).tolist()
         num_slots = self.rows.shape[0]
-        if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
-            bad = next(int(s) for s in slots if not 0 <= int(s) < num_slots)
+        if slots and (min(slots) < 0 or max(slots) >= num_slots):
+            bad = next(s for s in slots if not 0 <= s < num_slots)
             raise MisuseError(
                 f"tier {self.name!r}: job {job.job_id} names slot {bad} outside 0..{num_slots - 1}"
             )
@@ -398,6 +401,7 @@ class AsyncTier(SecondaryTier):
             if job.job_id in self._unpolled:
                 raise MisuseError(f"tier {self.name!r}: job id {job.job_id} is already in flight")
             self._unpolled.add(job.job_id)
+        return slots
 
     def _fail_now(self, job: TransferJob, load: bool, error: str) -> None:
         self._report(JobState(job, load, [], error=error))
@@ -456,5 +460,5 @@ class AsyncTier(SecondaryTier):
         return pool
 
 
-def _pairs(job: TransferJob) -> list[Item]:
-    return list(zip(job.keys, np.asarray(job.slot_ids).tolist(), strict=True))
+def _pairs(job: TransferJob, slots: list[int]) -> list[Item]:
+    return list(zip(job.keys, slots, strict=True))

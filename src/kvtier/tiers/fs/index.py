@@ -28,9 +28,12 @@ class FsIndex:
         policy: orders the held blocks and picks victims (replaced after the start-up scan).
         present_tops: top-level shard directories that exist now; lookups in the others are
             authoritative MISSes at once (a fresh tree never answers RETRY).
+        layout: the tree's layout (which top-level shard a key lives in).
     """
 
-    def __init__(self, lock: threading.Lock, policy: CachePolicy, present_tops: set[int]) -> None:
+    def __init__(
+        self, lock: threading.Lock, policy: CachePolicy, present_tops: set[int], layout: Layout
+    ) -> None:
         self.lock = lock
         self.policy = policy
         #: Block -> file size in bytes.
@@ -44,8 +47,9 @@ class FsIndex:
         #: Blocks removed while the start-up scan runs (the scan must not resurrect them).
         self.tombstones: set[BlockKey] = set()
         #: Top-level shards already scanned (lookups there are authoritative).
-        self.top_done = bytearray(256)
-        for top in range(256):
+        self._top_of = layout.top_of
+        self.top_done = bytearray(layout.top_count)
+        for top in range(layout.top_count):
             if top not in present_tops:
                 self.top_done[top] = 1
         #: The start-up scan has finished: every lookup is authoritative.
@@ -55,7 +59,7 @@ class FsIndex:
     def answer(self, key: BlockKey) -> LookupResult:
         if key in self.sizes:
             return LookupResult.HIT
-        if self.scan_done or self.top_done[Layout.shard_of(key) >> 4]:
+        if self.scan_done or self.top_done[self._top_of(key)]:
             return LookupResult.MISS
         return LookupResult.RETRY
 

@@ -13,15 +13,35 @@ import mmap
 import os
 import threading
 
+import numpy as np
+import numpy.typing as npt
+
 from kvtier import codec
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.trust import MAC_LEN, BlockMac
 
-__all__ = ["fsync_dir", "read_block", "write_block"]
+__all__ = ["SlotAlignment", "fsync_dir", "read_block", "write_block"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _tls = threading.local()
+
+
+class SlotAlignment:
+    """Which primary slots start on a page boundary (``O_DIRECT`` needs page-aligned memory).
+
+    Checked once for the whole buffer when its base address and row stride are page multiples
+    (every slot is then aligned: no per-block ``ndarray.ctypes``, which costs a few microseconds);
+    otherwise slot by slot."""
+
+    def __init__(self, rows: npt.NDArray[np.uint8]) -> None:
+        self._rows = rows
+        base = rows.ctypes.data if rows.size else 0
+        self.all_aligned = base % HEADER_ALIGN == 0 and rows.strides[0] % HEADER_ALIGN == 0
+
+    def aligned(self, slot: int) -> bool:
+        """Whether slot ``slot`` (a row of the buffer) starts on a page boundary."""
+        return self.all_aligned or self._rows[slot].ctypes.data % HEADER_ALIGN == 0
 
 
 def _aligned_buffer(name: str, n: int) -> memoryview:

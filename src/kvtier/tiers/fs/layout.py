@@ -6,11 +6,15 @@
     root_dir/<namespace>/accounting.json    shared byte accounting (see accounting.py)
     root_dir/<namespace>/procs/<token>      liveness marker of each process (flocked while alive)
     root_dir/<namespace>/tmp/<token>.<n>    temp files being written (renamed into the tree)
-    root_dir/<namespace>/<aa>/<b>/<name>    block files; aa/b = top 12 bits of xxh3-64(key)
+    root_dir/<namespace>/<a>/<b>/<name>     block files; a/b = top 8 bits of xxh3-64(key)
 
 ``<name>`` is the key in hex, or ``x`` + xxh3-128 hex of the key for keys longer than 100 bytes (the
-real key is in the header). 256 top directories of 16 leaves each (4,096 leaves) keep every directory
-small (10 million blocks: ~2,400 files per leaf) without making a sparse tree slow to scan.
+real key is in the header). A new tree has 16 top directories of 16 leaves each (256 leaves, 272
+directories): few enough to create them all in the background in a fraction of a second, so a young
+tree's stores do not pay a ``mkdir`` each (creating a directory is an inode allocation, as costly
+as creating the block file itself), and still small (10 million blocks: ~39,000 files per leaf, a
+size every local file system indexes). A tree whose ``config.json`` records the earlier layout (256
+top directories ``<aa>`` of 16 leaves: 4,352 directories) keeps it (:data:`SHARD_LAYOUTS`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ HEADER_ALIGN = 4096
 MAX_HEX_KEY = 100
 _HEX = frozenset("0123456789abcdef")
 _MID_NAMES = frozenset("0123456789abcdef")
+#: Hex characters of the (top, leaf) shard directory names: new trees get the first; a tree whose
+#: ``config.json`` records another of these keeps it (warm restart of older trees).
+SHARD_LAYOUTS = ((1, 1), (2, 1))
 
 
 def block_file_size(key_len: int, block_bytes: int) -> int:
@@ -56,7 +63,13 @@ class ScanShard:
 class Layout:
     """Paths and naming of one namespace directory."""
 
-    def __init__(self, root_dir: str, namespace: str, block_bytes: int) -> None:
+    def __init__(
+        self,
+        root_dir: str,
+        namespace: str,
+        block_bytes: int,
+        shard_hex_chars: tuple[int, int] = SHARD_LAYOUTS[0],
+    ) -> None:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in namespace) or "default"
         if safe in (".", ".."):
             safe = "_" + safe
@@ -66,12 +79,31 @@ class Layout:
         self.block_bytes = block_bytes
         self.ns_tag = codec.namespace_tag(namespace)
         self.config_path = os.path.join(self.ns_dir, "config.json")
+        self._set_shards(shard_hex_chars)
+
+    def _set_shards(self, hex_chars: tuple[int, int]) -> None:
+        if hex_chars not in SHARD_LAYOUTS or hex_chars[1] != 1:
+            raise ValueError(f"unknown shard layout {hex_chars!r}")
+        #: Hex characters of a top-level shard directory's name (1, or 2 in older trees).
+        self.top_chars = hex_chars[0]
+        #: Top-level shard directories (16, or 256 in older trees), each of 16 leaves.
+        self.top_count = 1 << (4 * self.top_chars)
+        self._shift = 64 - 4 * (self.top_chars + 1)  # shard number = top << 4 | leaf
+        self._top_shift = self._shift + 4
 
     # -- names ---------------------------------------------------------------------------------
-    @staticmethod
-    def shard_of(key: bytes) -> int:
-        """12-bit shard number: top 8 bits = first-level directory, next 4 = second level."""
-        return xxhash.xxh3_64_intdigest(key) >> 52
+    def shard_of(self, key: bytes) -> int:
+        """Shard number ``top << 4 | leaf``: the top bits of xxh3-64(key) (8, or 12 in older
+        trees); ``shard_of(key) >> 4`` is the top-level directory, the low 4 bits the leaf."""
+        return xxhash.xxh3_64_intdigest(key) >> self._shift
+
+    def top_of(self, key: bytes) -> int:
+        """The top-level shard directory number of ``key`` (``shard_of(key) >> 4``)."""
+        return xxhash.xxh3_64_intdigest(key) >> self._top_shift
+
+    def top_dir(self, top: int) -> str:
+        """Path of top-level shard directory number ``top``."""
+        return f"{self.ns_dir}/{top:0{self.top_chars}x}"
 
     def name_of(self, key: bytes) -> str:
         if len(key) <= MAX_HEX_KEY:
@@ -80,17 +112,17 @@ class Layout:
 
     def dir_of(self, key: bytes) -> str:
         s = self.shard_of(key)
-        return f"{self.ns_dir}/{s >> 4:02x}/{s & 0xF:x}"  # = os.path.join (ns_dir is absolute)
+        return f"{self.top_dir(s >> 4)}/{s & 0xF:x}"  # = os.path.join (ns_dir is absolute)
 
     def path_of(self, key: bytes) -> str:
         # Per-block hot path (stores, loads, evictions): one f-string instead of two os.path.join.
-        s = xxhash.xxh3_64_intdigest(key) >> 52
+        s = xxhash.xxh3_64_intdigest(key) >> self._shift
         name = key.hex() if len(key) <= MAX_HEX_KEY else "x" + xxhash.xxh3_128_hexdigest(key)
-        return f"{self.ns_dir}/{s >> 4:02x}/{s & 0xF:x}/{name}"
+        return f"{self.ns_dir}/{s >> 4:0{self.top_chars}x}/{s & 0xF:x}/{name}"
 
     def is_block_path(self, path: str) -> bool:
         """Whether ``path`` has the exact shape of a block path of this namespace
-        (``<ns_dir>/<2 hex>/<1 hex>/<name>``); a string check, nothing is resolved."""
+        (``<ns_dir>/<top hex>/<1 hex>/<name>``); a string check, nothing is resolved."""
         prefix = self.ns_dir + "/"
         if not path.startswith(prefix):
             return False
@@ -98,7 +130,7 @@ class Layout:
         if len(parts) != 3:
             return False
         top, mid, name = parts
-        if len(top) != 2 or not _is_hex(top) or len(mid) != 1 or not _is_hex(mid):
+        if len(top) != self.top_chars or not _is_hex(top) or len(mid) != 1 or not _is_hex(mid):
             return False
         if name.startswith("x"):
             return len(name) == 33 and _is_hex(name[1:])
@@ -119,7 +151,7 @@ class Layout:
             "block_bytes": self.block_bytes,
             "header_align": HEADER_ALIGN,
             "shard_levels": 2,
-            "shard_hex_chars": [2, 1],
+            "shard_hex_chars": [self.top_chars, 1],
         }
 
     def ensure(self, key_path: str) -> None:
@@ -133,6 +165,10 @@ class Layout:
             raise ConfigError(
                 key_path, f"cannot create {self.ns_dir} ({exc.strerror}); choose a writable root_dir"
             ) from exc
+        # A tree without its record but with top-level shards of the older layout (the file was
+        # deleted by hand) keeps that layout: its blocks stay found and accounted.
+        if not os.path.exists(self.config_path) and self._has_legacy_tops():
+            self._set_shards(SHARD_LAYOUTS[1])
         want = self.expected_config()
         if not os.path.exists(self.config_path):
             tmp = f"{self.config_path}.{os.getpid()}.tmp"
@@ -159,6 +195,10 @@ class Layout:
             ) from exc
         if not isinstance(have, dict):
             have = {}
+        recorded = have.get("shard_hex_chars")
+        if isinstance(recorded, list) and tuple(recorded) in SHARD_LAYOUTS:
+            self._set_shards((int(recorded[0]), int(recorded[1])))  # the tree's layout, old or new
+            want = self.expected_config()
         for field, value in want.items():
             if have.get(field) != value:
                 raise ConfigError(
@@ -167,12 +207,26 @@ class Layout:
                     f"{value!r}; use another root_dir or delete {self.ns_dir} to start over",
                 )
 
+    def _has_legacy_tops(self) -> bool:
+        """Whether the namespace directory holds a top-level shard of the older layout (two hex
+        characters, a directory)."""
+        with contextlib.suppress(OSError), os.scandir(self.ns_dir) as it:
+            return any(len(e.name) == 2 and _is_hex(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+        return False
+
+    def precreate_worthwhile(self, present_tops: set[int]) -> bool:
+        """Whether a background pre-creation of every shard directory is worth starting: always in
+        the 272-directory layout (an existing directory costs one failed mkdir); in the older
+        4,352-directory layout only while a top-level shard is missing (its leaves appear on demand:
+        creating all of them would share the disk with the first stores for seconds)."""
+        return self.top_count <= 16 or len(present_tops) < self.top_count
+
     def present_tops(self) -> set[int]:
         """Top-level shard numbers that exist as directories."""
         tops: set[int] = set()
         with contextlib.suppress(OSError), os.scandir(self.ns_dir) as it:
             for e in it:
-                if len(e.name) == 2 and _is_hex(e.name) and e.is_dir(follow_symlinks=False):
+                if len(e.name) == self.top_chars and _is_hex(e.name) and e.is_dir(follow_symlinks=False):
                     tops.add(int(e.name, 16))
         return tops
 
@@ -188,8 +242,8 @@ class Layout:
         """
         shard_of, name_of, fromhex = self.shard_of, self.name_of, bytes.fromhex
         sizes: dict[int, int] = {}
-        for top in range(256):
-            top_dir = os.path.join(self.ns_dir, f"{top:02x}")
+        for top in range(self.top_count):
+            top_dir = self.top_dir(top)
             shard = ScanShard(top, [], [])
             entries, bad = shard.entries, shard.bad
             try:
@@ -310,9 +364,9 @@ class ShardDirs:
             self.tops.add(top)
             self.made.add(d)
 
-    def precreate_top(self, top: int) -> None:
-        """Create top-level shard ``top`` and its 16 leaves (existing ones cost one failed mkdir)."""
-        top_dir = os.path.join(self.ns_dir, f"{top:02x}")
+    def precreate_top(self, top_dir: str) -> None:
+        """Create top-level shard directory ``top_dir`` and its 16 leaves (existing ones cost one
+        failed mkdir)."""
         for mid in "0123456789abcdef":
             leaf = os.path.join(top_dir, mid)
             if leaf not in self.made:

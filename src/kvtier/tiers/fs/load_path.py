@@ -23,7 +23,7 @@ import numpy.typing as npt
 from kvtier import codec
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
-from kvtier.tiers.fs.io import read_block
+from kvtier.tiers.fs.io import SlotAlignment, read_block
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.safe import ForeignFileError
@@ -55,6 +55,7 @@ class LoadPath:
         direct_io: bool = False,
     ) -> None:
         self.rows = rows
+        self._align = SlotAlignment(rows)
         self.direct_io = direct_io and block_bytes % HEADER_ALIGN == 0
         self.block_bytes = block_bytes
         self.verify = verify
@@ -83,7 +84,7 @@ class LoadPath:
         path = self.parts.layout.path_of(key)
         try:
             slot_bytes = self.rows[slot, : self.block_bytes]
-            direct = self.direct_io and slot_bytes.ctypes.data % HEADER_ALIGN == 0
+            direct = self.direct_io and self._align.aligned(slot)
             fd, size = self.parts.accounting.tree.open_block(path, direct=direct)
         except FileNotFoundError:
             self._drop_stale(key)

@@ -2,7 +2,7 @@
 
 Anyone who can write into the tree may put a symlink, a FIFO, a device node or another user's file
 where a block or a shard directory belongs. Every path the fs tier opens, renames, stats or unlinks
-under ``<ns>/<aa>/<b>/`` goes through :class:`SafeTree`, which
+under ``<ns>/<a>/<b>/`` goes through :class:`SafeTree`, which
 
 * resolves the two shard levels from a descriptor of the namespace directory held for the tier's
   life, each with ``O_DIRECTORY | O_NOFOLLOW`` (a shard replaced by a symlink is ``ELOOP``, so no

@@ -33,7 +33,7 @@ from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.backpressure import StoreGate
 from kvtier.tiers.fs.accounting import AccountingState
-from kvtier.tiers.fs.io import fsync_dir, write_block
+from kvtier.tiers.fs.io import SlotAlignment, fsync_dir, write_block
 from kvtier.tiers.fs.layout import HEADER_ALIGN, ShardDirs
 from kvtier.tiers.fs.parts import FsParts
 
@@ -99,6 +99,7 @@ class StorePath:
         self.direct_io = direct_io
         self.fsync = fsync
         self.full_backoff = full_backoff
+        self._align = SlotAlignment(rows)
         self._write = write_file or self.write_file
         self._on_published = on_published
         self.parts = parts
@@ -173,11 +174,7 @@ class StorePath:
     def write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
         """Write ``key``'s block file from primary slot ``slot`` to ``tmp`` (raises ``OSError``)."""
         payload = self.rows[slot, : self.block_bytes]
-        direct = (
-            self.direct_io
-            and payload.ctypes.data % HEADER_ALIGN == 0
-            and self.block_bytes % HEADER_ALIGN == 0
-        )
+        direct = self.direct_io and self.block_bytes % HEADER_ALIGN == 0 and self._align.aligned(slot)
         acct = self.parts.accounting
         write_block(
             tmp.rpartition("/")[2], key, payload.data, self.parts.layout.ns_tag, direct=direct,
