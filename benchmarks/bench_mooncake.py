@@ -7,10 +7,11 @@ block size (default 256 KiB, 1 MiB and 2 MiB, 32 blocks each):
 
 * **tier store**: ``Engine.prepare_store`` + copy into the primary slots (not timed) +
   ``complete_store``; timed from ``complete_store`` until ``drain()`` returns: the tier's job
-  (checksum, header, ONE batched multi-buffer put of header + slot for the whole job: the tier
-  runs with ``batch_blocks`` = the job's blocks and does not split a job over its workers).
+  (checksum, header, ONE batched put for the whole job, staged or zero-copy as the tier's
+  thresholds choose: the tier runs with ``batch_blocks`` = the job's blocks and does not split a
+  job over its workers).
 * **tier load**: after ``Engine.reset()`` emptied the primary tier, ``lookup`` finds every key in
-  the tier and promotes them (one batched multi-buffer get, header and checksum verified); timed
+  the tier and promotes them (one batched get, header and checksum verified); timed
   until every key is a hit.
 * **raw store / load**: a plain ``MooncakeDistributedStore`` with a registered buffer holding the
   same bytes: ``batch_put_from`` / ``batch_get_into`` of exactly the payloads (no header, no
@@ -250,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--staging-max-block", type=int, help="the tier's staging_max_block (default: the tier's, 512 KiB)"
     )
+    ap.add_argument(
+        "--store-staging-max-block", type=int,
+        help="the tier's store_staging_max_block (default: the tier's, 2 MiB)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
@@ -269,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         if client.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master) != 0:
             raise RuntimeError(f"mooncake setup with {master} failed")
         opts = (args.blocks, args.threads, args.repeat, args.warmup, args.seconds, args.max_rounds)
-        extra = {} if args.staging_max_block is None else {"staging_max_block": args.staging_max_block}
+        extra: dict[str, Any] = {}
+        for opt in ("staging_max_block", "store_staging_max_block"):
+            if getattr(args, opt) is not None:
+                extra[opt] = getattr(args, opt)
         results = [
             bench_size(master, metadata, client, int(s), *opts, tier_options=extra)
             for s in args.sizes.split(",")

@@ -42,6 +42,7 @@ def build(**options: Any) -> MooncakeTier:
         ("key_prefix", ""),
         ("tenant_id", 3),
         ("staging_max_block", -1),
+        ("store_staging_max_block", 1.5),
         ("op_timeout", 0),
         ("threads", 0),
     ],

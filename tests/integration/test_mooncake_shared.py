@@ -73,7 +73,8 @@ def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore, path: st
     out = np.zeros_like(data)
     with Engine(config(mooncake_store, f"engine-rt-{path}", PATHS[path])) as eng:
         assert isinstance(eng.tiers[0], MooncakeTier)
-        assert eng.tiers[0]._staged == (path == "staged")
+        want = "staged" if path == "staged" else "zero-copy"
+        assert eng.tiers[0].config_info()["data_path"] == {"store": want, "load": want}
         assert eng.store_blocks(keys, data) == 8
         eng.drain()
         eng.reset()
@@ -106,20 +107,27 @@ def _load(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) 
 
 def test_staged_and_zero_copy_tiers_read_each_others_blocks(mooncake_store: MooncakeStore) -> None:
     """Both paths write the same object (header + payload, one value): a block stored by one is a
-    verified, byte-exact hit for the other."""
+    verified, byte-exact hit for the other, and a tier may stage its stores while loading zero-copy."""
     primary = PrimaryBuffer.heap(8, 8192, 5000)
-    written = primary.fill_random([0, 1], seed=11)
+    written = primary.fill_random([0, 1, 4], seed=11)
     staged = _tier(primary, mooncake_store, "mixed")
     zero_copy = _tier(primary, mooncake_store, "mixed", staging_max_block=0)
+    split = _tier(primary, mooncake_store, "mixed", staging_max_block=0, store_staging_max_block=8192)
+    tiers = (staged, zero_copy, split)
     try:
-        a, b = BlockKey(b"by-staged"), BlockKey(b"by-zero-copy")
-        assert _store(staged, [a], [0], 1) and _store(zero_copy, [b], [1], 2)
-        assert _load(zero_copy, [a], [2], 3) == {a} and _load(staged, [b], [3], 4) == {b}
-        assert primary.block(2).tobytes() == written[0] and primary.block(3).tobytes() == written[1]
-        assert staged.get_stats()["corrupt"] == zero_copy.get_stats()["corrupt"] == 0
+        assert split.config_info()["data_path"] == {"store": "staged", "load": "zero-copy"}
+        assert zero_copy.config_info()["data_path"] == {"store": "zero-copy", "load": "zero-copy"}
+        a, b, c = BlockKey(b"by-staged"), BlockKey(b"by-zero-copy"), BlockKey(b"by-split")
+        assert _store(staged, [a], [0], 1) and _store(zero_copy, [b], [1], 2) and _store(split, [c], [4], 3)
+        assert _load(zero_copy, [a], [2], 4) == {a} and _load(staged, [b], [3], 5) == {b}
+        assert _load(split, [a], [5], 6) == {a} and _load(staged, [c], [6], 7) == {c}
+        assert _load(zero_copy, [c], [7], 8) == {c}
+        for slot, source in ((2, 0), (3, 1), (5, 0), (6, 4), (7, 4)):
+            assert primary.block(slot).tobytes() == written[source]
+        assert all(t.get_stats()["corrupt"] == 0 for t in tiers)
     finally:
-        staged.shutdown()
-        zero_copy.shutdown()
+        for t in tiers:
+            t.shutdown()
 
 
 @pytest.mark.parametrize("path", list(PATHS))
