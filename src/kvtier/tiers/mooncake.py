@@ -277,12 +277,7 @@ class MooncakeTier(RemoteTier):
                 continue
             names.append(self._name(key))
             keys.append(key)
-            if stage is None:
-                ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
-                sizes.append([hlen, bb])
-            else:
-                ptrs.append(self._stage_ptr(i, hlen))
-                sizes.append(hlen + bb)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
         if not names:
             codes: list[int] = []
         elif stage is None:
@@ -310,6 +305,16 @@ class MooncakeTier(RemoteTier):
             self._on_error(route, RemoteFullError(f"mooncake: no space for {full} block(s)"))
         return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
 
+    def _place(self, staged: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
+        """Append object ``i``'s transfer addresses: one staging row (header and payload contiguous)
+        when ``staged``, else two pieces (the header room, then the slot itself, zero-copy)."""
+        if staged:
+            ptrs.append(self._stage_ptr(i, hlen))
+            sizes.append(hlen + self.block_bytes)
+        else:
+            ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
+            sizes.append([hlen, self.block_bytes])
+
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         stage = self._stage(client) if self._staged_get else None
         names: list[str] = []
@@ -323,12 +328,7 @@ class MooncakeTier(RemoteTier):
                 continue  # never stored (too long): a miss
             names.append(self._name(key))
             want.append((key, slot, hlen, i))
-            if stage is None:
-                ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
-                sizes.append([hlen, bb])
-            else:
-                ptrs.append(self._stage_ptr(i, hlen))
-                sizes.append(hlen + bb)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
         if not names:
             codes: list[int] = []
         elif stage is None:
