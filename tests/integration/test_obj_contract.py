@@ -51,7 +51,8 @@ class TestObjContract(AsyncTierContractTests):
 
 
 class TestObjContractBounded(AsyncTierContractTests):
-    """Same suite with few threads, one block per chunk and a byte limit far above the suite's use."""
+    """Same suite with few threads, one block per chunk, a byte limit far above the suite's use,
+    and every request through boto3 (the ``data_path`` that ``sign_payload`` implies)."""
 
     @pytest.fixture(autouse=True)
     def _small(self) -> None:
@@ -61,5 +62,12 @@ class TestObjContractBounded(AsyncTierContractTests):
         return ObjTier(
             primary_kv_view=primary.view,
             context=primary.context("obj"),
-            **obj_options(workdir, io_threads=2, batch_blocks=1, max_bytes="10MiB", backpressure=_NO_GATE),
+            **obj_options(
+                workdir,
+                io_threads=2,
+                batch_blocks=1,
+                max_bytes="10MiB",
+                backpressure=_NO_GATE,
+                data_path="boto3",
+            ),
         )

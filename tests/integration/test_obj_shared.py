@@ -149,6 +149,32 @@ def test_long_keys_lead_the_body_with_their_header(tmp_path: Path) -> None:
         tier.shutdown()
 
 
+@pytest.mark.parametrize(("writer", "reader"), [("direct", "boto3"), ("boto3", "direct")])
+def test_each_data_path_reads_what_the_other_wrote(tmp_path: Path, writer: str, reader: str) -> None:
+    """kvtier's own GET/PUT path and boto3's write the same objects (name, body, metadata):
+    instances with either setting share a bucket, in both layouts (header in metadata, header
+    leading the body)."""
+    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    written = primary.fill_random([0, 1], seed=12)
+    keys = [BlockKey(b"short-" + writer.encode()), BlockKey(b"L" * 1500 + writer.encode())]
+    tiers = [
+        ObjTier(
+            primary_kv_view=primary.view, context=primary.context("obj"), **obj_options(tmp_path, data_path=p)
+        )
+        for p in (writer, reader)
+    ]
+    try:
+        assert _run(tiers[0], keys, [0, 1], 1, load=False).success
+        got = _run(tiers[1], keys, [2, 3], 2, load=True)
+        assert got.success, got.error
+        assert primary.block(2).tobytes() == written[0] and primary.block(3).tobytes() == written[1]
+        meta = raw_client().get_object(Bucket=BUCKET, Key=tiers[0].object_name(keys[0]))["Metadata"]
+        assert set(meta) == {"kvtier-head"}
+    finally:
+        for t in tiers:
+            t.shutdown()
+
+
 def test_large_blocks_use_multipart_uploads(tmp_path: Path) -> None:
     block = 11 << 20
     primary = PrimaryBuffer.heap(2, block, block)

@@ -32,6 +32,7 @@ def _cfg(**tier: Any) -> dict[str, Any]:
         ),
         ({"type": "s3", "bucket": "b", "multipart_chunk": "1MiB"}, "secondary_tiers[0].multipart_chunk"),
         ({"type": "s3", "bucket": "b", "endpoint_url": "localhost"}, "secondary_tiers[0].endpoint_url"),
+        ({"type": "s3", "bucket": "b", "data_path": "fast"}, "secondary_tiers[0].data_path"),
     ],
 )
 def test_bad_options_name_the_key(tier: dict[str, Any], needle: str) -> None:
@@ -39,3 +40,43 @@ def test_bad_options_name_the_key(tier: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as exc:
         Engine(_cfg(**tier))
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "direct"),
+    [
+        ({}, {}, True),
+        ({"data_path": "boto3"}, {}, False),
+        ({"sign_payload": True}, {}, False),  # the direct path never hashes bodies
+        ({}, {"HTTP_PROXY": "http://127.0.0.1:9"}, False),  # boto3 speaks to proxies, it does not
+        ({}, {"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"}, True),
+    ],
+)
+def test_the_obj_tier_picks_its_data_path(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], env: dict[str, str], direct: bool
+) -> None:
+    """Where kvtier's own GET/PUT connection is used, aimed where boto3 would send the request
+    (no request is made: clients are built lazily and the direct path connects on first use)."""
+    need_module("boto3", "s3")
+    from kvtier.testing import PrimaryBuffer
+    from kvtier.tiers.obj import ObjTier
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    primary = PrimaryBuffer.heap(2, 4096, 4096)
+    tier = ObjTier(
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", prefix="p",
+        endpoint_url="http://127.0.0.1:7999", addressing_style="path", region="eu-west-1",
+        access_key_id="AKID", secret_access_key="SECRET", warm_listing=0, **options,
+    )  # fmt: skip
+    try:
+        wire = tier._client().wire
+        assert (wire is not None) is direct
+        if wire is not None:
+            ep = wire.endpoint
+            assert (ep.host, ep.port, ep.base_path, ep.region) == ("127.0.0.1", 7999, "/bkt/", "eu-west-1")
+            assert wire.sock is None
+    finally:
+        tier.shutdown()

@@ -1,4 +1,4 @@
-"""The ``obj`` tier (alias ``s3``): KV blocks as objects in S3-compatible storage (AWS S3, Ceph RGW,
+r"""The ``obj`` tier (alias ``s3``): KV blocks as objects in S3-compatible storage (AWS S3, Ceph RGW,
 MinIO), shared by every instance that uses the same bucket and prefix.
 
 Config (docs/remote.md has copyable examples)::
@@ -15,12 +15,16 @@ Config (docs/remote.md has copyable examples)::
   the body instead; loads read either layout. Every object is verified on load, so a truncated,
   foreign or damaged one (or one whose metadata was lost) is a miss (``stats.corrupt``), never
   served.
-* **Less work per request.** kvtier's checksum replaces the client's
-  (``request_checksum_calculation="when_required"``) and SigV4 payload signing is off unless
-  ``sign_payload`` (botocore signs every body with SHA-256 on plain-http endpoints, and the
-  gateway checks it: both on the block's whole length; request headers and credentials stay
-  signed). Stores send the slot's memory itself (botocore's parameter validation, which accepts
-  only ``bytes`` or files, is off: kvtier builds every request); loads ``readinto`` the slot.
+* **Less work per request.** Object ``GET``\ s and single ``PUT``\ s go over kvtier's own
+  connection per worker (:mod:`kvtier.tiers.s3_wire`, ``data_path="direct"``, the default): SigV4
+  headers signed in a few microseconds, the payload sent from the slot's memory and received into
+  it, no botocore event chain per request. boto3 keeps everything else (listing, ``HEAD``,
+  deletes, multipart, bucket creation), and the direct path takes its endpoint, addressing style,
+  region and credentials from the worker's boto3 client. ``data_path="boto3"`` (or
+  ``sign_payload``, or a proxy in the environment) sends every request through boto3, with
+  kvtier's checksum replacing botocore's (``request_checksum_calculation="when_required"``), SigV4
+  payload signing off unless ``sign_payload``, and parameter validation off so the slot's memory
+  is the body. Both paths write the same objects and read each other's.
 * **Lookups never touch the network.** The index is warmed at start by a bounded listing
   (``warm_listing`` objects at most) and kept by the tier's own writes; an unknown key answers
   MISS at once and is checked with a HEAD on a worker (RETRY instead while the listing runs), a
@@ -28,7 +32,8 @@ Config (docs/remote.md has copyable examples)::
 * **Large blocks** above ``multipart_threshold`` are written with a multipart upload in
   ``multipart_chunk`` parts (S3's minimum part is 5 MiB).
 * **Timeouts and retries:** every request has ``op_timeout`` as connect and read timeout and is
-  retried ``retries`` times by botocore's standard retry mode (exponential backoff with jitter).
+  retried ``retries`` times (botocore's standard retry mode; on the direct path after a failed
+  connection or a 500/502/504), with jittered exponential backoff.
 * **Capacity:** S3 never evicts. ``max_bytes`` makes kvtier delete the oldest objects it knows of
   (this instance's writes and what the listing found) past that size. Several writers sharing a
   bucket each enforce their own view; give the bucket a lifecycle rule (expire after N days) as
@@ -37,9 +42,9 @@ Config (docs/remote.md has copyable examples)::
   named by ``access_key_env``/``secret_key_env``) or else from the standard AWS chain (environment,
   shared config, instance role). They are never logged or shown by ``config_info``.
 
-Client choice: boto3 with one client per worker thread, measured against the AWS CRT client and
-aiobotocore in benchmarks/bench_s3_clients.py; docs/remote.md quotes the figures (the CRT is ~2x at
-512 KiB, level at 4 MiB) and the next step.
+Client choice: benchmarks/bench_s3_clients.py measured boto3, aiobotocore and the AWS CRT client
+(the CRT ~2x boto3 at 512 KiB, level at 4 MiB); the direct path is faster than all three at both
+sizes (benchmarks/bench_remote.py, docs/remote.md "Choosing the S3 client").
 """
 
 from __future__ import annotations
@@ -49,8 +54,10 @@ import binascii
 import http.client
 import os
 import threading
+import urllib.request
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import boto3
@@ -71,11 +78,13 @@ from kvtier.tiers.remote_errors import (
     RemoteRejectedError,
     RemoteTimeoutError,
 )
+from kvtier.tiers.s3_wire import Endpoint, S3Wire
 from kvtier.transfer.workers import Priority
 
 __all__ = ["S3_ERRORS", "ObjTier"]
 
 Item = tuple[BlockKey, int]
+_DATA_PATHS = ("direct", "boto3")
 _ADDRESSING = ("auto", "path", "virtual")
 _MIN_PART = 5 << 20
 _MAX_HEX_KEY = 200
@@ -136,6 +145,22 @@ def _is_missing(exc: bx.ClientError) -> bool:
     return code in _MISSING or status == 404
 
 
+@dataclass
+class _Clients:
+    """One worker's clients: boto3 for everything, the direct path (None: off) for single-request
+    ``GET`` and ``PUT``."""
+
+    boto: Any
+    wire: S3Wire | None
+
+
+class _Body:
+    """One object body being read into a slot, from either client."""
+
+    def __init__(self, size: int, head: bytes | None, read_into: Any, finish: Any) -> None:
+        self.size, self.head, self.read_into, self.finish = size, head, read_into, finish
+
+
 class ObjTier(RemoteTier):
     """KV blocks as S3 objects (see the module doc).
 
@@ -152,7 +177,9 @@ class ObjTier(RemoteTier):
         multipart_threshold / multipart_chunk: sizes (``"64MiB"``) for multipart uploads.
         retries: botocore retries per request (standard mode, exponential backoff).
         sign_payload: SigV4-sign each body (SHA-256 on both ends; off: kvtier's checksum covers
-            the bytes, TLS the transport).
+            the bytes, TLS the transport). On: every request goes through boto3.
+        data_path: ``direct`` (object ``GET``/``PUT`` on kvtier's own connection per worker,
+            :mod:`kvtier.tiers.s3_wire`) or ``boto3`` (every request through boto3).
         warm_listing: most objects listed at start to warm the index (0: no listing).
         create_bucket: create the bucket if it does not exist (tests, single-tenant set-ups).
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
@@ -182,6 +209,7 @@ class ObjTier(RemoteTier):
         multipart_chunk: int | str = "16MiB",
         retries: int = 1,
         sign_payload: bool = False,
+        data_path: str = "direct",
         warm_listing: int = 100_000,
         create_bucket: bool = False,
         op_timeout: float = 1.0,
@@ -233,6 +261,9 @@ class ObjTier(RemoteTier):
         if not isinstance(sign_payload, bool):
             raise ConfigError("sign_payload", f"expected true or false, got {sign_payload!r}")
         self.sign_payload = sign_payload
+        if data_path not in _DATA_PATHS:
+            raise ConfigError("data_path", f"expected one of {', '.join(_DATA_PATHS)}, got {data_path!r}")
+        self.data_path = "boto3" if sign_payload else data_path  # the direct path never hashes bodies
         self.warm_listing = warm_listing
         self.create_bucket = bool(create_bucket)
         self.max_bytes = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
@@ -274,8 +305,10 @@ class ObjTier(RemoteTier):
             return None
 
     # -- RemoteTier hooks ------------------------------------------------------------------------------
-    def _connect(self) -> Any:
-        session = boto3.session.Session()  # sessions are not thread-safe: one per worker
+    def _connect(self) -> _Clients:
+        # Sessions are not thread-safe: one per worker. Explicit credentials go to the session so
+        # that both clients (boto3's and the direct path) sign with the same ones.
+        session = boto3.session.Session(**{k: v for k, v in self._credentials.items() if v is not None})
         client = session.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -291,14 +324,32 @@ class ObjTier(RemoteTier):
                 parameter_validation=False,  # bodies are memoryviews of slots (see the module doc)
                 tcp_keepalive=True,
             ),
-            **{k: v for k, v in self._credentials.items() if v is not None},
         )
         if self.create_bucket and not self._booted:
             with self._boot_lock:  # before this worker's first request, once for all of them
                 if not self._booted:
                     self._make_bucket(client)
                     self._booted = True
-        return client
+        return _Clients(client, self._wire(session, client) if self.data_path == "direct" else None)
+
+    def _wire(self, session: Any, client: Any) -> S3Wire | None:
+        """The direct path, aimed where boto3 would send a request for this tier's objects."""
+        creds = session.get_credentials()
+        if creds is None:
+            return None  # boto3 raises NoCredentialsError on the first request instead
+        probe = self.prefix + "probe"
+        url = client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": probe})
+        endpoint = Endpoint.from_object_url(url, probe, client.meta.region_name or "us-east-1")
+        if endpoint.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(endpoint.host):
+            # boto3 honours HTTP(S)_PROXY; the direct path does not speak to proxies.
+            self.rlog.warning("proxy", f"kvtier {self.name}: a proxy is configured; data goes through boto3")
+            return None
+        return S3Wire(endpoint, creds.get_frozen_credentials, timeout=self.op_timeout, retries=self.retries)
+
+    def _close_client(self, client: _Clients) -> None:
+        if client.wire is not None:
+            client.wire.close()
+        client.boto.close()
 
     def _make_bucket(self, client: Any) -> None:
         try:
@@ -308,7 +359,7 @@ class ObjTier(RemoteTier):
             if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
 
-    def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+    def _put(self, client: _Clients, route: str, items: list[Item]) -> ChunkOutcome:
         done: list[BlockKey] = []
         for key, slot in items:
             head, payload = self._blob_parts(key, slot)
@@ -319,31 +370,33 @@ class ObjTier(RemoteTier):
                 meta, lead = {_META: base64.b64encode(head).decode()}, b""
             size = len(lead) + payload.nbytes
             if size > self.multipart_threshold:
-                self._put_multipart(client, name, lead, payload, meta)
+                self._put_multipart(client.boto, name, lead, payload, meta)
+            elif client.wire is not None:
+                fields = {f"x-amz-meta-{k}": v for k, v in meta.items()}
+                pieces: list[bytes | memoryview] = [lead, payload] if lead else [payload]  # no copy
+                client.wire.request("PUT", name, fields, pieces, operation="PutObject").finish()
             else:
                 body = b"".join((lead, payload)) if lead else payload  # the slot itself, no copy
-                client.put_object(Bucket=self.bucket, Key=name, Body=body, Metadata=meta)
+                client.boto.put_object(Bucket=self.bucket, Key=name, Body=body, Metadata=meta)
             done.append(key)
             self._account(key, size)
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
 
-    def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
+    def _get(self, client: _Clients, route: str, items: list[Item]) -> ChunkOutcome:
         done: list[BlockKey] = []
         for key, slot in items:
             try:
-                resp = client.get_object(Bucket=self.bucket, Key=self.object_name(key))
+                body = self._open(client, self.object_name(key))
             except bx.ClientError as exc:
                 if not _is_missing(exc):
                     raise
                 self._vanished(key)
                 continue
-            body = resp["Body"]
             try:
                 # The payload straight into the slot, verified there (the header: metadata or lead).
-                size = int(resp.get("ContentLength", -1))
-                ok = self._receive(key, slot, body.readinto, size, _meta_header(resp))
+                ok = self._receive(key, slot, body.read_into, body.size, body.head)
             finally:
-                body.close()  # a body not read to its end must not go back to the connection pool
+                body.finish()  # a body not read to its end must not go back to the connection pool
             if ok:
                 done.append(key)
                 if self.max_bytes is not None:
@@ -352,11 +405,22 @@ class ObjTier(RemoteTier):
                             self._sizes.move_to_end(key)
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
 
-    def _exists(self, client: Any, route: str, keys: list[BlockKey]) -> list[bool]:
+    def _open(self, client: _Clients, name: str) -> _Body:
+        """Start reading object ``name`` (``ClientError`` when it is missing or refused)."""
+        if client.wire is not None:
+            resp = client.wire.request("GET", name, operation="GetObject")
+            head = _decode_head(resp.headers.get("x-amz-meta-" + _META))
+            return _Body(resp.length, head, resp.read_into, resp.finish)
+        got = client.boto.get_object(Bucket=self.bucket, Key=name)
+        stream = got["Body"]
+        head = _decode_head((got.get("Metadata") or {}).get(_META))
+        return _Body(int(got.get("ContentLength", -1)), head, stream.readinto, stream.close)
+
+    def _exists(self, client: _Clients, route: str, keys: list[BlockKey]) -> list[bool]:
         out = []
         for key in keys:
             try:
-                client.head_object(Bucket=self.bucket, Key=self.object_name(key))
+                client.boto.head_object(Bucket=self.bucket, Key=self.object_name(key))
                 out.append(True)
             except bx.ClientError as exc:
                 if not _is_missing(exc):
@@ -379,6 +443,7 @@ class ObjTier(RemoteTier):
             endpoint_url=self.endpoint_url,
             region=self.region,
             max_bytes=self.max_bytes,
+            data_path=self.data_path,
             objects_known=len(self.index.known),
         )
         return info
@@ -420,11 +485,11 @@ class ObjTier(RemoteTier):
         with self._lock:
             self.index.warm = True  # listed or not: stop making unknown keys wait
 
-    def _boot_with(self, client: Any) -> None:
+    def _boot_with(self, client: _Clients) -> None:
         if not self.warm_listing:
             return
         found: list[tuple[Any, BlockKey, int]] = []
-        pages = client.get_paginator("list_objects_v2").paginate(
+        pages = client.boto.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket,
             Prefix=self.prefix,
             PaginationConfig={"MaxItems": self.warm_listing, "PageSize": min(1000, self.warm_listing)},
@@ -479,8 +544,9 @@ class ObjTier(RemoteTier):
             batch = keys[lo : lo + 1000]
             objects = [{"Key": self.object_name(k)} for k in batch]
 
-            def delete(client: Any, objects: list[dict[str, str]] = objects) -> Any:
-                return client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            def delete(client: _Clients, objects: list[dict[str, str]] = objects) -> Any:
+                which = {"Objects": objects, "Quiet": True}
+                return client.boto.delete_objects(Bucket=self.bucket, Delete=which)
 
             result = self._call("", delete)
             if isinstance(result, TierError):
@@ -497,10 +563,9 @@ def _secret(value: str | None, env: str | None, env_key: str) -> str | None:
     return os.environ[env]
 
 
-def _meta_header(resp: Mapping[str, Any]) -> bytes | None:
+def _decode_head(text: str | None) -> bytes | None:
     """The codec header carried in the object's metadata; ``None`` when the body leads with it
     (long keys); ``b""`` (fails verification) when the metadata is not valid base64."""
-    text = (resp.get("Metadata") or {}).get(_META)
     if text is None:
         return None
     try:

@@ -37,12 +37,12 @@ connection dropped), so the two never interleave.
 from __future__ import annotations
 
 import socket
-import ssl
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.exceptions as rx
+
+from kvtier.tiers.sockio import send_pieces
 
 __all__ = ["BulkReader", "send_vectored"]
 
@@ -56,28 +56,7 @@ def send_vectored(sock: socket.socket, pieces: Sequence[bytes | memoryview]) -> 
     doc); redis-py's ``TimeoutError`` / ``ConnectionError`` when the socket fails or the
     socket's timeout passes first."""
     try:
-        if isinstance(sock, ssl.SSLSocket):
-            for piece in pieces:
-                sock.sendall(piece)
-            return
-        views = [memoryview(p).cast("B") for p in pieces]
-        timeout = sock.gettimeout()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while views:
-                sent = sock.sendmsg(views)
-                while views and sent >= views[0].nbytes:
-                    sent -= views.pop(0).nbytes
-                if sent:
-                    views[0] = views[0][sent:]
-                if views and deadline is not None:  # a partial send: the rest within the same deadline
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError("timed out")
-                    sock.settimeout(left)
-        finally:
-            if deadline is not None and sock.gettimeout() != timeout:
-                sock.settimeout(timeout)
+        send_pieces(sock, pieces)
     except TimeoutError:
         raise rx.TimeoutError("Timeout writing to socket") from None
     except OSError as exc:
