@@ -7,7 +7,7 @@ event loop). Each round PUTs then GETs ``--mib`` MiB of fresh objects per block 
 the clients' order; figures are medians with the slowest and fastest round. A client that is not
 installed is reported as such (``pip install awscrt`` / ``aiobotocore``). ``--json`` prints one
 object; ``ratios`` are each client / boto3 (medians). This picks the client the ``obj`` tier uses
-(docs/remote.md, "Choosing the S3 client"); bench_remote.py compares the tier with boto3.
+(docs/remote.md, "Choosing the S3 client"); bench_remote.py compares the tier with these clients.
 ``boto3_kvtier`` is boto3 with the tier's own client settings.
 """
 
@@ -16,18 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
 import statistics
 import sys
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, ClassVar
+
+from s3_refs import CrtRef, timed
 
 MIB = 1 << 20
 BUCKET = "kvtier-bench-clients"
@@ -86,70 +87,17 @@ class Boto3Kvtier(Boto3):
     }
 
 
-class Crt:
+class Crt(CrtRef):
     name = "crt"
 
     def __init__(self, endpoint: str, creds: dict[str, str], threads: int) -> None:
-        from awscrt import auth, s3
-        from awscrt import io as crt_io
-
-        self.s3 = s3
-        self.threads = threads
-        self.host = urllib.parse.urlsplit(endpoint).netloc
-        elg = crt_io.EventLoopGroup(max(1, threads // 2))
-        bootstrap = crt_io.ClientBootstrap(elg, crt_io.DefaultHostResolver(elg))
-        provider = auth.AwsCredentialsProvider.new_static(
-            creds["aws_access_key_id"], creds["aws_secret_access_key"]
-        )
-        self.client = s3.S3Client(
-            bootstrap=bootstrap, region="us-east-1", credential_provider=provider,
-            tls_mode=s3.S3RequestTlsMode.DISABLED, part_size=8 * MIB, throughput_target_gbps=10.0,
-            max_active_connections_override=threads,
-        )  # fmt: skip
-
-    def _run(self, make: Callable[[str], Any], keys: list[str]) -> None:
-        # At most `threads` requests in flight (the same concurrency as the other clients).
-        pending: list[Any] = []
-        for k in keys:
-            if len(pending) >= self.threads:
-                pending.pop(0).finished_future.result(60)
-            pending.append(make(k))
-        for r in pending:
-            r.finished_future.result(60)
+        super().__init__(endpoint, creds, threads, BUCKET)
 
     def put(self, keys: list[str], data: bytes) -> None:
-        from awscrt.http import HttpHeaders, HttpRequest
-
-        def make(k: str) -> Any:
-            headers = HttpHeaders([("Host", self.host), ("Content-Length", str(len(data)))])
-            req = HttpRequest("PUT", f"/{BUCKET}/{k}", headers, io.BytesIO(data))
-            return self.client.make_request(type=self.s3.S3RequestType.PUT_OBJECT, request=req)
-
-        self._run(make, keys)
+        self.store(keys, [data] * len(keys))
 
     def get(self, keys: list[str], size: int) -> None:
-        from awscrt.http import HttpHeaders, HttpRequest
-
-        def make(k: str) -> Any:
-            buf = bytearray(size)
-            got = [0]
-
-            def on_body(chunk: bytes, offset: int, **_: Any) -> None:
-                buf[offset : offset + len(chunk)] = chunk
-                got[0] += len(chunk)
-
-            def on_done(error: Exception | None = None, **_: Any) -> None:
-                assert error is None and got[0] == size, (error, got[0])
-
-            req = HttpRequest("GET", f"/{BUCKET}/{k}", HttpHeaders([("Host", self.host)]))
-            return self.client.make_request(
-                type=self.s3.S3RequestType.GET_OBJECT, request=req, on_body=on_body, on_done=on_done
-            )
-
-        self._run(make, keys)
-
-    def close(self) -> None:
-        pass
+        self.load(keys, [memoryview(bytearray(size)) for _ in keys])
 
 
 class AioBotocore:
@@ -231,14 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                 order = clients[r % len(clients) :] + clients[: r % len(clients)]
                 for c in order:
                     keys = [f"{c.name}-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)]
-                    ts = time.perf_counter()
-                    c.put(keys, data)
-                    tp = time.perf_counter()
-                    c.get(keys, size)
-                    tg = time.perf_counter()
+                    tp, tg = timed(partial(c.put, keys, data), partial(c.get, keys, size))
                     if r:
-                        secs.setdefault(f"{c.name}_put", []).append(tp - ts)
-                        secs.setdefault(f"{c.name}_get", []).append(tg - tp)
+                        secs.setdefault(f"{c.name}_put", []).append(tp)
+                        secs.setdefault(f"{c.name}_get", []).append(tg)
             mib = n * size / MIB
             out: dict[str, Any] = {"blocks": n}
             for k, v in secs.items():
