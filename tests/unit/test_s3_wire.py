@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import datetime
 import random
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from needs import need_module
+from needs import need, need_module
 
 bx = need_module("botocore.exceptions", "s3")
 
@@ -126,7 +130,14 @@ class Script:
     response, written in pieces at ``cuts``; ``close_after`` closes a connection after that
     many responses. Records the requests it read (head and body)."""
 
-    def __init__(self, responses: list[bytes], cuts: list[int] = (), close_after: int | None = None) -> None:
+    def __init__(
+        self,
+        responses: list[bytes],
+        cuts: list[int] = (),
+        close_after: int | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.tls = tls
         self.responses, self.cuts, self.close_after = list(responses), list(cuts), close_after
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
@@ -143,6 +154,12 @@ class Script:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except (OSError, ssl.SSLError):
+                    conn.close()  # a client that refused our certificate
+                    continue
             with conn:
                 served = 0
                 while self.responses and (self.close_after is None or served < self.close_after):
@@ -330,3 +347,33 @@ def test_a_silent_server_times_out_within_the_timeout() -> None:
         w.close()
         lsock.close()
     assert time.monotonic() - t0 < 1.0
+
+
+def test_https_checks_the_certificate_and_moves_bodies(tmp_path: Path) -> None:
+    """A real TLS server (a self-signed certificate made by the openssl CLI, naming 127.0.0.1):
+    trusted through ``ca_file`` it serves a GET and takes a PUT; with the system's CAs only, the
+    handshake fails (the certificate is not trusted), nothing is sent."""
+    need(shutil.which("openssl") is not None, "openssl is not installed (apt-get install openssl)")
+    key, crt = tmp_path / "server.key", tmp_path / "server.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(crt, key)
+    body = random.Random(3).randbytes(200_000)
+    script = Script([ok(body), ok(b"")], tls=server_ctx)
+    ep = Endpoint("https", "127.0.0.1", script.port, "/bkt/", "us-east-1")
+    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
+    untrusting = S3Wire(ep, lambda: frozen, timeout=2.0)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        untrusting.request("GET", "k", operation="GetObject")
+    w = S3Wire(ep, lambda: frozen, timeout=2.0, ca_file=str(crt))
+    try:
+        assert read_all(w.request("GET", "k", operation="GetObject")) == body
+        w.request("PUT", "k", {}, [memoryview(body)], operation="PutObject").finish()
+        assert script.requests[-1][1] == body
+    finally:
+        w.close()
+        script.close()
