@@ -377,3 +377,29 @@ def test_https_checks_the_certificate_and_moves_bodies(tmp_path: Path) -> None:
     finally:
         w.close()
         script.close()
+
+
+def test_the_obj_tier_never_takes_an_unsized_body_for_a_damaged_object() -> None:
+    """A 200 without Content-Length (a chunked proxy in the way) fails the request: the object is
+    neither served nor counted corrupt and deleted."""
+    import http.client
+
+    from kvtier.keys import BlockKey
+    from kvtier.testing import PrimaryBuffer
+    from kvtier.tiers.obj import ObjTier
+
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    script = Script([chunked])
+    primary = PrimaryBuffer.heap(2, 4096, 4096)
+    tier = ObjTier(
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", prefix="p",
+        endpoint_url=f"http://127.0.0.1:{script.port}", addressing_style="path", region="us-east-1",
+        access_key_id="AKID", secret_access_key="SECRET", warm_listing=0,
+    )  # fmt: skip
+    try:
+        with pytest.raises(http.client.HTTPException, match="Content-Length"):
+            tier._get(tier._client(), "", [(BlockKey(b"k"), 0)])
+        assert tier.get_stats()["corrupt"] == 0 and len(script.requests) == 1
+    finally:
+        tier.shutdown()
+        script.close()

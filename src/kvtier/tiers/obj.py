@@ -409,6 +409,9 @@ class ObjTier(RemoteTier):
         """Start reading object ``name`` (``ClientError`` when it is missing or refused)."""
         if client.wire is not None:
             resp = client.wire.request("GET", name, operation="GetObject")
+            if resp.length < 0:  # no Content-Length: a server or proxy kvtier cannot read a slot from
+                resp.finish()
+                raise http.client.HTTPException(f"GET {name}: response without Content-Length")
             head = _decode_head(resp.headers.get("x-amz-meta-" + _META))
             return _Body(resp.length, head, resp.read_into, resp.finish)
         got = client.boto.get_object(Bucket=self.bucket, Key=name)
