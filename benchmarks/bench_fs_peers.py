@@ -35,7 +35,9 @@ round (fresh keys every round):
 
 Bytes are checked after each load. The figure per phase is MB/s; ``ratios`` maps
 ``<phase>_<size>_t<threads>_vs_<peer>`` to the median over rounds of kvtier's MB/s / the peer's MB/s
-in the same round (higher is better). ``--json`` prints ONE JSON object.
+in the same round (higher is better); ``ceiling`` maps ``<phase>_<size>_t<threads>_raw_vs_<peer>`` to
+the same for raw file I/O, the most a tier writing one file per block can reach against that peer
+on this machine. ``--json`` prints ONE JSON object.
 
 Install the peers: ``pip install --no-deps vllm==0.33.0`` (plus ``.ci/vllm-requirements.txt``) and
 ``pip install --no-deps lmcache==0.5.6 numba llvmlite aiofile caio`` (LMCache's light imports).
@@ -176,17 +178,23 @@ def bench_config(
         for s in systems.values():
             with contextlib.suppress(Exception):
                 s.close()
-    ratios = {}
-    for peer in names:
-        if peer == "kvtier":
-            continue
-        for p in PHASES:
-            per_round = [k / v for k, v in zip(mbps["kvtier"][p], mbps[peer][p], strict=True)]
-            ratios[f"{p}_{_tag(block_bytes)}_t{threads}_vs_{peer}"] = round(statistics.median(per_round), 3)
+
+    def median_ratio(a: str, b: str, p: str) -> float:  # over rounds, each round's a / b
+        return round(statistics.median(x / y for x, y in zip(mbps[a][p], mbps[b][p], strict=True)), 3)
+
+    tag = f"{_tag(block_bytes)}_t{threads}"
+    ratios = {f"{p}_{tag}_vs_{peer}": median_ratio("kvtier", peer, p) for peer in names[1:] for p in PHASES}
+    # Raw I/O / peer: the most any one-file-per-block tier can reach against that peer here.
+    ceiling = {
+        f"{p}_{tag}_raw_vs_{peer}": median_ratio("raw", peer, p)
+        for peer in names[1:]
+        if "raw" in names and peer != "raw"
+        for p in PHASES
+    }
     return {
         "block_bytes": block_bytes, "blocks": blocks, "threads": threads, "job_blocks": job_blocks,
         "MBps": {n: {p: round(statistics.median(v), 1) for p, v in ph.items()} for n, ph in mbps.items()},
-        "ratios": ratios,
+        "ratios": ratios, "ceiling": ceiling,
     }  # fmt: skip
 
 
@@ -228,11 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     ratios = {k: v for r in results for k, v in r["ratios"].items()}
+    ceiling = {k: v for r in results for k, v in r["ceiling"].items()}
     doc = {
         "benchmark": "bench_fs_peers",
         "reference": "vLLM 0.33 fs tier, LMCache 0.5.6 local disk, raw file I/O; same bytes, threads, jobs",
         "direct_writes": direct,
         "ratios": ratios,
+        "ceiling": ceiling,
         "results": results,
         "skipped": skip,
         "seconds": round(time.perf_counter() - t0, 2),
