@@ -11,7 +11,8 @@ Every reference has ``store(keys, bodies)`` (PUT ``bodies[i]`` as ``keys[i]``) a
   submitted at once on ``threads`` connections; its bodies arrive through a callback.
 * :class:`BareHttpRef`: the wire's limit, not a client a user has: HTTP/1.1 on one kept-alive
   socket per thread, requests presigned by botocore before the timed part (``prepare``), each body
-  ``recv_into`` its destination. No checksum, no parsing beyond the status line and length.
+  ``recv_into`` its destination. No checksum, no parsing beyond the status line and length. It
+  sends head and body with the gather-write the tier uses (``kvtier.tiers.sockio``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
+
+from kvtier.tiers.sockio import send_pieces
 
 MIB = 1 << 20
 Bodies = Sequence[bytes | memoryview]
@@ -120,14 +123,19 @@ class CrtRef:
         )  # fmt: skip
 
     def _run(self, make: Callable[[int], Any], n: int) -> None:
-        # At most `threads` requests in flight (the same concurrency as the other clients).
-        pending: list[Any] = []
+        # `threads` requests in flight (the other clients' concurrency): a new one as soon as any
+        # finishes. The request objects stay referenced until they are done.
+        running: dict[Any, Any] = {}
         for i in range(n):
-            if len(pending) >= self.threads:
-                pending.pop(0).finished_future.result(60)
-            pending.append(make(i))
-        for r in pending:
-            r.finished_future.result(60)
+            while len(running) >= self.threads:
+                done, _ = wait(running, timeout=60, return_when=FIRST_COMPLETED)
+                for f in done:
+                    f.result()
+                    del running[f]
+            req = make(i)
+            running[req.finished_future] = req
+        for f in wait(running, timeout=60).done:
+            f.result()
 
     def store(self, keys: list[str], bodies: Bodies) -> None:
         from awscrt.http import HttpHeaders, HttpRequest
@@ -191,14 +199,13 @@ class BareHttpRef:
         if s is None:
             s = self._local.s = socket.create_connection(self.addr, timeout=30)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._local.buf = bytearray(16384)  # the response head, once per thread
         return s
 
     def _exchange(self, head: bytes, body: bytes | memoryview, dest: memoryview | None) -> None:
         s = self._sock()
-        s.sendall(head)
-        if len(body):
-            s.sendall(body)
-        buf = bytearray(16384)
+        send_pieces(s, [head, body] if len(body) else [head])  # one sendmsg, as the tier sends
+        buf = self._local.buf
         got = 0
         while (end := buf.find(b"\r\n\r\n", 0, got)) < 0:
             got += s.recv_into(memoryview(buf)[got:])

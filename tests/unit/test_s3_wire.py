@@ -15,6 +15,7 @@ on a new one; a silent server is a ``TimeoutError`` within the timeout.
 from __future__ import annotations
 
 import datetime
+import logging
 import random
 import shutil
 import socket
@@ -403,3 +404,134 @@ def test_the_obj_tier_never_takes_an_unsized_body_for_a_damaged_object() -> None
     finally:
         tier.shutdown()
         script.close()
+
+
+def test_a_chunked_error_on_a_kept_connection_costs_no_timeout() -> None:
+    """AWS sends error bodies chunked: the code is read to the XML's end, the connection dropped,
+    and the worker does not wait for a body end that never comes."""
+    xml = b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>"
+    chunked = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        len(xml),
+        xml,
+    )
+    script = Script([chunked, ok(b"next")])
+    with wire_to(script, timeout=2.0) as w:
+        t0 = time.monotonic()
+        with pytest.raises(bx.ClientError) as info:
+            w.request("GET", "k", operation="GetObject")
+        assert time.monotonic() - t0 < 0.5
+        assert info.value.response["Error"]["Code"] == "NoSuchKey"
+        assert w.sock is None
+        assert read_all(w.request("GET", "k2", operation="GetObject")) == b"next"
+
+
+@pytest.mark.parametrize(
+    "interim", [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n"]
+)
+def test_interim_responses_are_skipped_for_the_final_one(interim: bytes) -> None:
+    script = Script([interim + ok(b"final"), interim + b"HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n"])
+    with wire_to(script) as w:
+        assert read_all(w.request("GET", "k", operation="GetObject")) == b"final"
+        with pytest.raises(bx.ClientError):  # a PUT is stored only when the final status says so
+            w.request("PUT", "k", {}, [b"body"], operation="PutObject")
+
+
+def test_a_length_beside_a_transfer_coding_is_not_trusted() -> None:
+    import http.client
+
+    from kvtier.tiers.obj_clients import open_object
+
+    both = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"
+    script = Script([both])
+    with wire_to(script) as w, pytest.raises(http.client.HTTPException, match="Content-Length"):
+        open_object("k", w)
+
+
+@pytest.mark.parametrize(
+    "reply", [b"HTTP/1.1 2\xc2\xb200 OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: \xc2\xb2\r\n\r\nxx"]
+)
+def test_non_ascii_digits_are_not_numbers(reply: bytes) -> None:
+    import http.client
+
+    from kvtier.tiers.obj_clients import open_object
+
+    script = Script([reply])
+    with wire_to(script) as w:
+        with pytest.raises(http.client.HTTPException):
+            open_object("k", w)
+        assert w.sock is None
+
+
+def test_a_trickling_server_cannot_hold_the_response_head_past_the_timeout() -> None:
+    lsock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = lsock.accept()
+        with conn:
+            conn.recv(65536)
+            for b in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
+                if stop.wait(0.05):
+                    return
+                conn.sendall(bytes([b]))
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    ep = Endpoint("http", "127.0.0.1", lsock.getsockname()[1], "/bkt/", "us-east-1")
+    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
+    w = S3Wire(ep, lambda: frozen, timeout=0.4)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            w.request("GET", "k", operation="GetObject")
+        assert time.monotonic() - t0 < 0.9
+    finally:
+        stop.set()
+        w.close()
+        lsock.close()
+        t.join(5)
+
+
+def test_a_response_cannot_be_read_once_its_connection_is_gone() -> None:
+    import http.client
+
+    script = Script([ok(b"x" * 100_000), ok(b"second")], cuts=[200])
+    with wire_to(script) as w:
+        first = w.request("GET", "a", operation="GetObject")
+        first.finish()  # abandoned mid-body: the connection is closed
+        second = w.request("GET", "b", operation="GetObject")
+        with pytest.raises(http.client.IncompleteRead):  # past what came with its head
+            read_all(first)
+        assert read_all(second) == b"second"
+
+
+def test_redirected_requests_drop_the_direct_path_for_that_worker() -> None:
+    from kvtier.tiers.obj_clients import WorkerClients, open_object
+    from kvtier.tiers.ratelog import RateLimitedLog
+
+    xml = b"<Error><Code>PermanentRedirect</Code></Error>"
+    script = Script([b"HTTP/1.1 301 Moved\r\nContent-Length: %d\r\n\r\n%s" % (len(xml), xml)])
+    with wire_to(script) as w:
+
+        class Boto:
+            closed = False
+
+            def close(self) -> None:
+                self.closed = True
+
+        clients = WorkerClients(Boto(), w, "obj0", RateLimitedLog(logging.getLogger("t"), 10))
+        assert clients.direct(lambda wire: open_object("k", wire)) is None
+        assert clients.wire is None and w.sock is None
+        assert clients.direct(lambda wire: open_object("k", wire)) is None  # boto3 from now on
+
+
+def test_headers_are_signed_lower_case_and_line_breaks_are_refused() -> None:
+    ep = Endpoint("http", "::1", 7480, "/bkt/", "us-east-1")
+    assert ep.host_header == "[::1]:7480"
+    creds = Credentials("AKID", "SECRET", "TOKEN")
+    assert "SECRET" not in repr(creds) and "TOKEN" not in repr(creds)
+    a = sign("GET", ep, "/bkt/k", {"X-Amz-Meta-A": "v"}, creds, now=1.7e9)
+    b = sign("GET", ep, "/bkt/k", {"x-amz-meta-a": "v"}, creds, now=1.7e9)
+    assert a == b and a["host"] == "[::1]:7480"
+    with pytest.raises(ValueError):
+        sign("GET", ep, "/bkt/k", {"x-amz-meta-a": "v\r\nX-Evil: 1"}, creds)

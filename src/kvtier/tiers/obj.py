@@ -54,10 +54,9 @@ import binascii
 import http.client
 import os
 import threading
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import boto3
@@ -71,6 +70,8 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
+from kvtier.tiers.obj_clients import META as _META
+from kvtier.tiers.obj_clients import ObjectBody, WorkerClients, direct_path, open_object, put_object
 from kvtier.tiers.remote import RemoteTier
 from kvtier.tiers.remote_errors import (
     ErrorMap,
@@ -78,7 +79,6 @@ from kvtier.tiers.remote_errors import (
     RemoteRejectedError,
     RemoteTimeoutError,
 )
-from kvtier.tiers.s3_wire import Endpoint, S3Wire
 from kvtier.transfer.workers import Priority
 
 __all__ = ["S3_ERRORS", "ObjTier"]
@@ -88,7 +88,6 @@ _DATA_PATHS = ("direct", "boto3")
 _ADDRESSING = ("auto", "path", "virtual")
 _MIN_PART = 5 << 20
 _MAX_HEX_KEY = 200
-_META = "kvtier-head"  # user metadata holding the codec header (x-amz-meta-kvtier-head)
 _META_HEADER_MAX = 1024  # bytes of header moved to metadata (base64: ~1.4 KB of S3's 2 KB)
 _MISSING = ("NoSuchKey", "404", "NotFound")
 _SLOW = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "503")
@@ -143,22 +142,6 @@ def _is_missing(exc: bx.ClientError) -> bool:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code in _MISSING or status == 404
-
-
-@dataclass
-class _Clients:
-    """One worker's clients: boto3 for everything, the direct path (None: off) for single-request
-    ``GET`` and ``PUT``."""
-
-    boto: Any
-    wire: S3Wire | None
-
-
-class _Body:
-    """One object body being read into a slot, from either client."""
-
-    def __init__(self, size: int, head: bytes | None, read_into: Any, finish: Any) -> None:
-        self.size, self.head, self.read_into, self.finish = size, head, read_into, finish
 
 
 class ObjTier(RemoteTier):
@@ -305,7 +288,7 @@ class ObjTier(RemoteTier):
             return None
 
     # -- RemoteTier hooks ------------------------------------------------------------------------------
-    def _connect(self) -> _Clients:
+    def _connect(self) -> WorkerClients:
         # Sessions are not thread-safe: one per worker. Explicit credentials go to the session so
         # that both clients (boto3's and the direct path) sign with the same ones.
         session = boto3.session.Session(**{k: v for k, v in self._credentials.items() if v is not None})
@@ -330,26 +313,16 @@ class ObjTier(RemoteTier):
                 if not self._booted:
                     self._make_bucket(client)
                     self._booted = True
-        return _Clients(client, self._wire(session, client) if self.data_path == "direct" else None)
+        wire = None
+        if self.data_path == "direct":
+            wire = direct_path(
+                session, client, bucket=self.bucket, probe=self.prefix + "probe", timeout=self.op_timeout,
+                retries=self.retries, name=self.name, log=self.rlog,
+            )  # fmt: skip
+        return WorkerClients(client, wire, self.name, self.rlog)
 
-    def _wire(self, session: Any, client: Any) -> S3Wire | None:
-        """The direct path, aimed where boto3 would send a request for this tier's objects."""
-        creds = session.get_credentials()
-        if creds is None:
-            return None  # boto3 raises NoCredentialsError on the first request instead
-        probe = self.prefix + "probe"
-        url = client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": probe})
-        endpoint = Endpoint.from_object_url(url, probe, client.meta.region_name or "us-east-1")
-        if endpoint.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(endpoint.host):
-            # boto3 honours HTTP(S)_PROXY; the direct path does not speak to proxies.
-            self.rlog.warning("proxy", f"kvtier {self.name}: a proxy is configured; data goes through boto3")
-            return None
-        return S3Wire(endpoint, creds.get_frozen_credentials, timeout=self.op_timeout, retries=self.retries)
-
-    def _close_client(self, client: _Clients) -> None:
-        if client.wire is not None:
-            client.wire.close()
-        client.boto.close()
+    def _close_client(self, client: WorkerClients) -> None:
+        client.close()
 
     def _make_bucket(self, client: Any) -> None:
         try:
@@ -359,7 +332,7 @@ class ObjTier(RemoteTier):
             if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
 
-    def _put(self, client: _Clients, route: str, items: list[Item]) -> ChunkOutcome:
+    def _put(self, client: WorkerClients, route: str, items: list[Item]) -> ChunkOutcome:
         done: list[BlockKey] = []
         for key, slot in items:
             head, payload = self._blob_parts(key, slot)
@@ -371,18 +344,14 @@ class ObjTier(RemoteTier):
             size = len(lead) + payload.nbytes
             if size > self.multipart_threshold:
                 self._put_multipart(client.boto, name, lead, payload, meta)
-            elif client.wire is not None:
-                fields = {f"x-amz-meta-{k}": v for k, v in meta.items()}
-                pieces: list[bytes | memoryview] = [lead, payload] if lead else [payload]  # no copy
-                client.wire.request("PUT", name, fields, pieces, operation="PutObject").finish()
-            else:
+            elif client.direct(partial(put_object, name, meta, lead, payload)) is None:
                 body = b"".join((lead, payload)) if lead else payload  # the slot itself, no copy
                 client.boto.put_object(Bucket=self.bucket, Key=name, Body=body, Metadata=meta)
             done.append(key)
             self._account(key, size)
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
 
-    def _get(self, client: _Clients, route: str, items: list[Item]) -> ChunkOutcome:
+    def _get(self, client: WorkerClients, route: str, items: list[Item]) -> ChunkOutcome:
         done: list[BlockKey] = []
         for key, slot in items:
             try:
@@ -394,7 +363,7 @@ class ObjTier(RemoteTier):
                 continue
             try:
                 # The payload straight into the slot, verified there (the header: metadata or lead).
-                ok = self._receive(key, slot, body.read_into, body.size, body.head)
+                ok = self._receive(key, slot, body.read_into, body.size, _decode_head(body.head))
             finally:
                 body.finish()  # a body not read to its end must not go back to the connection pool
             if ok:
@@ -405,21 +374,17 @@ class ObjTier(RemoteTier):
                             self._sizes.move_to_end(key)
         return ChunkOutcome(done=done, nbytes=len(done) * self.block_bytes)
 
-    def _open(self, client: _Clients, name: str) -> _Body:
+    def _open(self, client: WorkerClients, name: str) -> ObjectBody:
         """Start reading object ``name`` (``ClientError`` when it is missing or refused)."""
-        if client.wire is not None:
-            resp = client.wire.request("GET", name, operation="GetObject")
-            if resp.length < 0:  # no Content-Length: a server or proxy kvtier cannot read a slot from
-                resp.finish()
-                raise http.client.HTTPException(f"GET {name}: response without Content-Length")
-            head = _decode_head(resp.headers.get("x-amz-meta-" + _META))
-            return _Body(resp.length, head, resp.read_into, resp.finish)
+        direct = client.direct(partial(open_object, name))
+        if direct is not None:
+            return direct
         got = client.boto.get_object(Bucket=self.bucket, Key=name)
         stream = got["Body"]
-        head = _decode_head((got.get("Metadata") or {}).get(_META))
-        return _Body(int(got.get("ContentLength", -1)), head, stream.readinto, stream.close)
+        head = (got.get("Metadata") or {}).get(_META)
+        return ObjectBody(int(got.get("ContentLength", -1)), head, stream.readinto, stream.close)
 
-    def _exists(self, client: _Clients, route: str, keys: list[BlockKey]) -> list[bool]:
+    def _exists(self, client: WorkerClients, route: str, keys: list[BlockKey]) -> list[bool]:
         out = []
         for key in keys:
             try:
@@ -488,7 +453,7 @@ class ObjTier(RemoteTier):
         with self._lock:
             self.index.warm = True  # listed or not: stop making unknown keys wait
 
-    def _boot_with(self, client: _Clients) -> None:
+    def _boot_with(self, client: WorkerClients) -> None:
         if not self.warm_listing:
             return
         found: list[tuple[Any, BlockKey, int]] = []
@@ -547,7 +512,7 @@ class ObjTier(RemoteTier):
             batch = keys[lo : lo + 1000]
             objects = [{"Key": self.object_name(k)} for k in batch]
 
-            def delete(client: _Clients, objects: list[dict[str, str]] = objects) -> Any:
+            def delete(client: WorkerClients, objects: list[dict[str, str]] = objects) -> Any:
                 which = {"Objects": objects, "Quiet": True}
                 return client.boto.delete_objects(Bucket=self.bucket, Delete=which)
 

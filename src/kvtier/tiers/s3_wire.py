@@ -19,12 +19,18 @@ Contract:
       ``Content-Length``, so the connection stays in step); any other status is raised as
       botocore's ``ClientError`` with the S3 error code from its XML body, the exception the
       boto3 path raises, so the tier's one error map and missing-key test apply unchanged.
-    * Each socket operation has the connect/read timeout; a request on a kept-alive connection
-      the server had closed is re-sent once on a new one (``GET`` and ``PUT`` are idempotent),
-      and a failed connection or a 500/502/504 is retried ``retries`` times.
-      Socket failures raise builtin ``OSError`` / ``TimeoutError``; malformed responses raise
-      ``http.client.HTTPException``. After any failure, or a body not read to its end, the
-      connection is closed, never reused out of step.
+    * Deadlines: the connect has the timeout; sending a request and receiving its final status
+      line and headers share one deadline of the timeout (a server trickling its head cannot hold
+      a worker longer); each receive of a body then has the timeout. Interim ``1xx`` responses
+      are skipped. A request on a kept-alive connection the server had closed is re-sent once on
+      a new one (``GET`` and ``PUT`` are idempotent), and a failed connection or a 500/502/504
+      is retried ``retries`` times; a timeout is not (unlike botocore, which also retries read
+      timeouts: a cache would rather miss than wait twice).
+    * Socket failures raise builtin ``OSError`` / ``TimeoutError``; malformed responses raise
+      ``http.client.HTTPException``. After any failure (of any kind) or a body not read to its
+      end the connection is closed, never reused out of step, and a :class:`Response` of a
+      closed connection cannot be read. A body with a transfer coding, or without a length, is
+      never taken as sized (the caller refuses it).
 """
 
 from __future__ import annotations
@@ -33,14 +39,13 @@ import contextlib
 import hashlib
 import hmac
 import http.client
-import os
 import random
 import re
 import socket
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -62,8 +67,8 @@ class Credentials:
     """One frozen set of AWS credentials (``token``: the session token of temporary ones)."""
 
     access_key: str
-    secret_key: str
-    token: str | None = None
+    secret_key: str = field(repr=False)
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,8 @@ class Endpoint:
 
     @property
     def host_header(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
 
     def path_of(self, name: str) -> str:
         """The request path of object ``name``: S3 URI-encodes every byte but ``/`` and
@@ -123,10 +128,13 @@ def sign(
     now: float | None = None,
     payload_hash: str = UNSIGNED,
 ) -> dict[str, str]:
-    """``headers`` (lower-case names, no ``host``) plus ``host`` and the SigV4 headers (see the
-    module doc); ``now`` is the signing time (default: the clock)."""
+    """``headers`` (names in any case, no ``host``) plus ``host`` and the SigV4 headers, all with
+    lower-case names (see the module doc); ``now`` is the signing time (default: the clock).
+    ``ValueError`` for a value with a line break (it would split the request's head)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    out = dict(headers)
+    out = {k.lower(): v for k, v in headers.items()}
+    if any("\r" in v or "\n" in v for v in out.values()):
+        raise ValueError("a header value holds a line break")
     out["host"] = endpoint.host_header
     out["x-amz-date"] = stamp
     out["x-amz-content-sha256"] = payload_hash
@@ -155,22 +163,45 @@ def sign(
     return out
 
 
-class Response:
-    """One response's status, headers (lower-case names) and body stream (see the module doc)."""
+def _number(text: str | None) -> int | None:
+    """A decimal header value (``None``: absent or not plain ASCII digits)."""
+    if text is None or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
-    def __init__(self, wire: S3Wire, status: int, headers: dict[str, str], rest: memoryview) -> None:
+
+class Response:
+    """One response's status, headers (lower-case names) and body stream (see the module doc).
+
+    The body is read from the socket the response came on; once the wire has moved to another
+    connection (the body was abandoned, or an error closed it) reading raises.
+    """
+
+    def __init__(
+        self,
+        wire: S3Wire,
+        sock: socket.socket,
+        version: str,
+        status: int,
+        headers: dict[str, str],
+        rest: bytes,
+    ) -> None:
         self.status = status
         self.headers = headers
         self._wire = wire
-        self._rest = rest  # body bytes that arrived with the headers
-        self._keep = headers.get("connection", "").lower() != "close"
-        length = headers.get("content-length")
-        if length is None or not length.isdigit():
-            self._keep = False  # a chunked or unbounded body: read what we need, then drop it
+        self._sock = sock
+        self._rest = memoryview(rest)  # body bytes that arrived with the headers
+        conn = headers.get("connection", "").lower()
+        self._keep = conn == "keep-alive" if version == "HTTP/1.0" else conn != "close"
+        length = _number(headers.get("content-length"))
+        if length is None or "transfer-encoding" in headers:
+            # Chunked or unbounded (a transfer coding wins over a length, RFC 9112): an error's
+            # body is read up to its end marker for the code, then the connection is dropped.
+            self._keep = False
             self.length = -1
             self._left = _ERROR_BODY_MAX if status >= 300 else 0
         else:
-            self.length = self._left = int(length)
+            self.length = self._left = length
 
     def read_into(self, view: memoryview) -> int:
         """Fill a prefix of ``view`` with the next body bytes; their count, 0 at the body's end."""
@@ -182,10 +213,11 @@ class Response:
             view[:got] = self._rest[:got]
             self._rest = self._rest[got:]
         else:
-            sock = self._wire.sock
+            if self._wire.sock is not self._sock:
+                raise http.client.IncompleteRead(b"", self._left)  # its connection is gone
             try:
-                got = 0 if sock is None else sock.recv_into(view, want)
-            except OSError:
+                got = self._sock.recv_into(view, want)
+            except BaseException:
                 self._wire.close()  # out of step: never reused
                 raise
             if not got:
@@ -194,20 +226,28 @@ class Response:
         self._left -= got
         return got
 
+    def rest_bytes(self) -> bytes:
+        """The bytes received after the head and not read yet (after an interim response: the
+        start of the next one)."""
+        return bytes(self._rest)
+
     def finish(self) -> None:
         """Hand the connection back for the next request, or close it when the body was not read
         to its end (a caller that stops early, an error, a server that closes)."""
-        if self._left or not self._keep:
+        if (self._left or not self._keep) and self._wire.sock is self._sock:
             self._wire.close()
 
     def error(self, operation: str) -> bx.ClientError:
-        """The ``ClientError`` boto3 would raise for this non-2xx response (reads its body)."""
+        """The ``ClientError`` boto3 would raise for this non-2xx response (reads its body: to
+        its length, or for an unsized one to the end of the XML or of the chunked coding)."""
         body = bytearray()
         chunk = bytearray(min(self._left, _ERROR_BODY_MAX) or 1)
         try:
             while self._left and len(body) < _ERROR_BODY_MAX:
                 n = self.read_into(memoryview(chunk))
                 body += chunk[:n]
+                if self.length < 0 and (b"</Error>" in body or body.endswith(b"0\r\n\r\n")):
+                    break  # unsized: a server keeping the connection open must not cost a timeout
         except (OSError, http.client.HTTPException):
             self._keep = False
         self.finish()
@@ -227,10 +267,13 @@ class S3Wire:
         endpoint: where the bucket is (:meth:`Endpoint.from_object_url`).
         credentials: returns the current credentials (called per request, so refreshed
             temporary credentials are picked up).
-        timeout: seconds for the connect and for each socket operation.
+        timeout: seconds for the connect, for sending a request and receiving its status line
+            and headers (one deadline), and for each receive of a body.
         retries: times a request is sent again after a connection failure or a 500, 502 or 504
-            (jittered exponential backoff from 20 ms; a timeout is not retried).
-        ca_file: certificates to trust for ``https`` (``None``: the system's, or ``AWS_CA_BUNDLE``).
+            (jittered exponential backoff from 20 ms; a timeout is not retried: the deadline is
+            spent, and a cache would rather miss).
+        ca_file: certificates to trust for ``https`` (``None``: the system's store; the obj tier
+            passes botocore's bundle, so both paths trust the same CAs).
     """
 
     def __init__(
@@ -249,8 +292,9 @@ class S3Wire:
         self.sock: socket.socket | None = None
         self._tls: ssl.SSLContext | None = None
         if endpoint.scheme == "https":
-            self._tls = ssl.create_default_context(cafile=ca_file or os.environ.get("AWS_CA_BUNDLE") or None)
+            self._tls = ssl.create_default_context(cafile=ca_file)
         self._head = bytearray(_HEAD_MAX)
+        self._pending = b""  # bytes received past an interim response's head
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -267,11 +311,13 @@ class S3Wire:
         *,
         operation: str,
     ) -> Response:
-        """Send one request for object ``name``; raise ``ClientError`` unless the status is 2xx
-        (see the module doc)."""
+        """Send one ``GET`` or ``PUT`` for object ``name``; raise ``ClientError`` unless the
+        status is 2xx (see the module doc)."""
+        if method not in ("GET", "PUT"):
+            raise ValueError(f"the direct path sends GET and PUT only, not {method}")
         path = self.endpoint.path_of(name)
         fields = dict(headers or {})
-        if method in ("PUT", "POST"):
+        if method == "PUT":
             fields["content-length"] = str(sum(memoryview(p).nbytes for p in body))
         frozen = self._credentials()  # botocore's ReadOnlyCredentials (refreshed when temporary)
         creds = Credentials(frozen.access_key, frozen.secret_key, frozen.token)
@@ -282,9 +328,7 @@ class S3Wire:
         while True:
             reused = self.sock is not None
             try:
-                sock = self._socket()
-                send_pieces(sock, [head, *body])
-                resp = self._read_head(sock)
+                resp = self._exchange(head, body)
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if isinstance(exc, TimeoutError):
@@ -294,8 +338,11 @@ class S3Wire:
                     continue
                 if retried >= self.retries:
                     raise
+            except BaseException:
+                self.close()  # anything else mid-request leaves the stream out of step
+                raise
             else:
-                if resp.status < 300:
+                if 200 <= resp.status < 300:
                     return resp
                 error = resp.error(operation)
                 if resp.status not in _RETRY_STATUS or retried >= self.retries:
@@ -304,34 +351,57 @@ class S3Wire:
             # Jittered exponential backoff, far under the deadline (a cache would rather miss).
             time.sleep(random.uniform(0, min(self.timeout / 4, 0.02 * 2**retried)))
 
+    def _exchange(self, head: bytes, body: Sequence[bytes | bytearray | memoryview]) -> Response:
+        """Send one request and receive its final response head, within one deadline."""
+        deadline = time.monotonic() + self.timeout
+        sock = self._socket()
+        sock.settimeout(self.timeout)
+        send_pieces(sock, [head, *body])
+        while True:
+            resp = self._read_head(sock, deadline)
+            if not 100 <= resp.status < 200:
+                sock.settimeout(self.timeout)  # each receive of the body: the full timeout
+                return resp
+            # An interim response (100 Continue, 103 Early Hints): its bytes past the head are
+            # the start of the next one.
+            self._pending = resp.rest_bytes()
+
     def _socket(self) -> socket.socket:
         if self.sock is None:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.endpoint.host)
             self.sock = sock
+            self._pending = b""
         return self.sock
 
-    def _read_head(self, sock: socket.socket) -> Response:
-        """Receive the status line and headers; the body bytes that came with them stay in the
-        :class:`Response`."""
+    def _read_head(self, sock: socket.socket, deadline: float) -> Response:
+        """Receive one status line and its headers by ``deadline``; the body bytes that came
+        with them stay in the :class:`Response`."""
         buf = memoryview(self._head)
-        got = 0
-        while True:
+        got = len(self._pending)
+        buf[:got] = self._pending
+        self._pending = b""
+        end = self._head.find(b"\r\n\r\n", 0, got)
+        while end < 0:
+            if got == len(buf):
+                raise http.client.LineTooLong("response headers")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no response head within the timeout")
+            sock.settimeout(left)
             n = sock.recv_into(buf[got:])
             if not n:
                 raise http.client.RemoteDisconnected("the server closed the connection")
             start = max(0, got - 3)
             got += n
             end = self._head.find(b"\r\n\r\n", start, got)
-            if end >= 0:
-                break
-            if got == len(buf):
-                raise http.client.LineTooLong("response headers")
         lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
         status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+        status = _number(status_line[1]) if len(status_line) >= 2 else None
+        if status is None or status_line[0] not in ("HTTP/1.0", "HTTP/1.1"):
             raise http.client.BadStatusLine(lines[0][:80])
         fields: dict[str, str] = {}
         for line in lines[1:]:
@@ -339,8 +409,4 @@ class S3Wire:
             if not sep:
                 raise http.client.HTTPException(f"malformed header line {line[:80]!r}")
             fields[name.strip().lower()] = value.strip()
-        status = int(status_line[1])
-        if status == 100:  # not asked for (no Expect header); a server that sends it anyway
-            raise http.client.HTTPException("unexpected 100 Continue")
-        rest = bytes(buf[end + 4 : got])
-        return Response(self, status, fields, memoryview(rest))
+        return Response(self, sock, status_line[0], status, fields, bytes(buf[end + 4 : got]))
