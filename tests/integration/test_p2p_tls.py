@@ -5,14 +5,12 @@ The certificate is a real self-signed one made by the ``openssl`` CLI for this t
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from needs import need
+from selfsigned import self_signed
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey, LookupCode
@@ -24,14 +22,7 @@ SECRET = "tls-test-secret"
 
 @pytest.fixture
 def cert(tmp_path: Path) -> tuple[str, str]:
-    need(shutil.which("openssl") is not None, "openssl is not installed")
-    key, crt = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    key.chmod(0o600)
+    crt, key = self_signed(tmp_path)
     return str(crt), str(key)
 
 

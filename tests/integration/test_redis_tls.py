@@ -9,9 +9,7 @@ redis-server, which is built with TLS, and a CI that lost TLS would leave ``redi
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 from needs import need, need_module
 from remote_servers import RedisServer, free_port
+from selfsigned import self_signed
 
 from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
@@ -35,15 +34,8 @@ BLOCK = 64 << 10
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
     need(shutil.which("redis-server") is not None, "redis-server is not installed")
-    need(shutil.which("openssl") is not None, "openssl is not installed (apt-get install openssl)")
     work = tmp_path_factory.mktemp("redis-tls")
-    key, crt = work / "server.key", work / "server.crt"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    os.chmod(key, 0o600)
+    crt, key = self_signed(work)
     port = free_port()
     tls = ("--tls-port", str(port), "--tls-cert-file", str(crt), "--tls-key-file", str(key),
            "--tls-ca-cert-file", str(crt), "--tls-auth-clients", "no")  # fmt: skip

@@ -17,10 +17,8 @@ from __future__ import annotations
 import datetime
 import logging
 import random
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +29,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from needs import need, need_module
+from needs import need_module
+from selfsigned import self_signed
 
 bx = need_module("botocore.exceptions", "s3")
 
@@ -335,11 +334,15 @@ def test_damaged_responses_raise_and_drop_the_connection(reply: bytes) -> None:
         assert w.sock is None
 
 
+def wire_at(port: int, timeout: float, scheme: str = "http", ca_file: str | None = None) -> S3Wire:
+    ep = Endpoint(scheme, "127.0.0.1", port, "/bkt/", "us-east-1")
+    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
+    return S3Wire(ep, lambda: frozen, timeout=timeout, ca_file=ca_file)
+
+
 def test_a_silent_server_times_out_within_the_timeout() -> None:
     lsock = socket.create_server(("127.0.0.1", 0))
-    ep = Endpoint("http", "127.0.0.1", lsock.getsockname()[1], "/bkt/", "us-east-1")
-    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
-    w = S3Wire(ep, lambda: frozen, timeout=0.3)
+    w = wire_at(lsock.getsockname()[1], 0.3)
     t0 = time.monotonic()
     try:
         with pytest.raises(TimeoutError):
@@ -354,23 +357,15 @@ def test_https_checks_the_certificate_and_moves_bodies(tmp_path: Path) -> None:
     """A real TLS server (a self-signed certificate made by the openssl CLI, naming 127.0.0.1):
     trusted through ``ca_file`` it serves a GET and takes a PUT; with the system's CAs only, the
     handshake fails (the certificate is not trusted), nothing is sent."""
-    need(shutil.which("openssl") is not None, "openssl is not installed (apt-get install openssl)")
-    key, crt = tmp_path / "server.key", tmp_path / "server.crt"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    crt, key = self_signed(tmp_path)
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(crt, key)
     body = random.Random(3).randbytes(200_000)
     script = Script([ok(body), ok(b"")], tls=server_ctx)
-    ep = Endpoint("https", "127.0.0.1", script.port, "/bkt/", "us-east-1")
-    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
-    untrusting = S3Wire(ep, lambda: frozen, timeout=2.0)
+    untrusting = wire_at(script.port, 2.0, "https")
     with pytest.raises(ssl.SSLCertVerificationError):
         untrusting.request("GET", "k", operation="GetObject")
-    w = S3Wire(ep, lambda: frozen, timeout=2.0, ca_file=str(crt))
+    w = wire_at(script.port, 2.0, "https", ca_file=str(crt))
     try:
         assert read_all(w.request("GET", "k", operation="GetObject")) == body
         w.request("PUT", "k", {}, [memoryview(body)], operation="PutObject").finish()
@@ -477,9 +472,7 @@ def test_a_trickling_server_cannot_hold_the_response_head_past_the_timeout() -> 
 
     t = threading.Thread(target=trickle, daemon=True)
     t.start()
-    ep = Endpoint("http", "127.0.0.1", lsock.getsockname()[1], "/bkt/", "us-east-1")
-    frozen = BotoCredentials("AKID", "SECRET").get_frozen_credentials()
-    w = S3Wire(ep, lambda: frozen, timeout=0.4)
+    w = wire_at(lsock.getsockname()[1], 0.4)
     t0 = time.monotonic()
     try:
         with pytest.raises(TimeoutError):
