@@ -494,13 +494,14 @@ class MooncakeTier(RemoteTier):
             return self._flat[end - hlen : end], self.slot_array(slot)
         return stage[row, HEADER_ROW - hlen : HEADER_ROW], stage[row, HEADER_ROW:]
 
-    def _encode_into(self, key: BlockKey, payload: np.ndarray, head: np.ndarray) -> None:
-        raw = bytes(key)
-        view = payload.data
-        encoded = codec.encode_header(
-            raw, view.nbytes, codec.payload_checksum(raw, self.ns_tag, view), self.ns_tag
+    def _header(self, key: BlockKey, payload: np.ndarray) -> bytes:
+        """The exact header of ``payload`` stored under ``key`` (one xxh3 pass over it)."""
+        return codec.encode_header(
+            key, payload.nbytes, codec.payload_checksum(key, self.ns_tag, payload.data), self.ns_tag
         )
-        head[:] = np.frombuffer(encoded, dtype=np.uint8)
+
+    def _encode_into(self, key: BlockKey, payload: np.ndarray, head: np.ndarray) -> None:
+        head.data[:] = self._header(key, payload)
 
     def _upsert(self, client: Any, key: BlockKey, head: np.ndarray, payload: np.ndarray) -> bool:
         """Replace a value a lease kept in place (rare: copies through the client's buffer)."""
@@ -512,15 +513,22 @@ class MooncakeTier(RemoteTier):
         return False
 
     def _verify(self, key: BlockKey, slot: int, head: np.ndarray, payload: np.ndarray) -> bool:
+        """Whether the value arrived intact. The header is fully determined by the key, the
+        namespace, the length and the payload's checksum, so a value is good exactly when its
+        header equals the one this payload would get (one comparison); parsing is only for the
+        reason a bad one is rejected."""
+        if head.data == self._header(key, payload):
+            return True
         try:
             parsed = codec.parse_header(
                 head.data, expected_key=bytes(key), ns_tag=self.ns_tag, payload_len=self.block_bytes
             )
             codec.verify_payload(parsed, payload.data)
+            reason, why = "header", "header fields differ from the ones this payload gets"
         except codec.CorruptBlockError as exc:
-            self._reject(key, slot, exc.reason, str(exc))
-            return False
-        return True
+            reason, why = exc.reason, str(exc)
+        self._reject(key, slot, reason, why)
+        return False
 
     def _reject(self, key: BlockKey, slot: int, reason: str, why: str) -> None:
         """A value that failed verification: counted, forgotten, dropped, and the slot zeroed (the
