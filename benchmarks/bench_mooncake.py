@@ -99,9 +99,8 @@ class _Raw:
         dt = time.perf_counter() - t0
         if any(code != bb for code in codes) or not np.array_equal(self.buf[:n], self.buf[n:]):
             raise RuntimeError(f"raw batch_get_into failed or returned wrong bytes ({codes[:4]})")
-        # Zeroed for the next load's check here, not right before it: a memset of the destination
-        # just before the timed call leaves it dirty in the cache, and writing that back slowed the
-        # raw get (the tier's slots carry no such handicap).
+        # Zeroed for the next load's check here, not right before the timed call: a memset just
+        # before it would leave the destination dirty in the cache while the get writes it.
         self.buf[n:] = 0
         return dt
 

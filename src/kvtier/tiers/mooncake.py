@@ -19,8 +19,8 @@ RDMA. Config (docs/mooncake.md has a copyable one)::
     object of slot ``s`` is ONE zero-copy piece, its header in the pad at the end of row
     ``s - 1`` (past that row's block pages, which nothing else reads or writes) running straight
     into the slot; a load is verified where it landed. Slot 0 (no row before it) goes through a
-    one-row staging buffer. In-process A/B rounds through the engine (256 KiB, 32 blocks) ran
-    in-place stores at 1.16x and loads at 1.11x the staged ones;
+    one-row staging buffer. In-process A/B rounds through the engine (32 blocks) ran in-place
+    stores at 1.15x / 1.16x and loads at 1.08x / 1.14x the staged ones at 256 KiB / 1 MiB;
   - *zero copy* (loads of blocks over ``staging_max_block``, default 512 KiB; stores of blocks
     over ``store_staging_max_block``, default 2 MiB): two pieces per object
     (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), the header from the
