@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchstats import paired_ratio, rounds  # benchmarks/benchstats.py, next to this script
+from kvtier.config import row_stride
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
 from kvtier.tiers.mooncake import MooncakeTier
@@ -90,7 +91,6 @@ class _Raw:
 
     def load(self, names: list[str], one_call: bool) -> float:
         c, n, bb = self.client, self.n, self.bb
-        self.buf[n:] = 0
         t0 = time.perf_counter()
         if one_call:
             codes = c.batch_get_into(names, self.dst, [bb] * n)
@@ -99,6 +99,9 @@ class _Raw:
         dt = time.perf_counter() - t0
         if any(code != bb for code in codes) or not np.array_equal(self.buf[:n], self.buf[n:]):
             raise RuntimeError(f"raw batch_get_into failed or returned wrong bytes ({codes[:4]})")
+        # Zeroed for the next load's check here, not right before the timed call: a memset just
+        # before it would leave the destination dirty in the cache while the get writes it.
+        self.buf[n:] = 0
         return dt
 
 
@@ -118,7 +121,9 @@ class _Tier:
         eng.complete_store(h)
         eng.drain()
         dt = time.perf_counter() - t0
-        eng.reset()  # empty the primary tier: every key must come back from the store
+        # Zeroed (and the primary tier emptied): every key's bytes must come back from the store.
+        rows[np.asarray(h.slot_ids), : eng.block_bytes] = 0
+        eng.reset()
         return dt
 
     def load(self, keys: list[BlockKey]) -> float:
@@ -163,6 +168,7 @@ def _round(tier: _Tier, raw: _Raw, keys: list[BlockKey], names: list[str], r: in
 def bench_size(
     master: str, metadata: str, client: Any, block_bytes: int, blocks: int, threads: int, repeat: int,
     warmup: int = 1, seconds: float = 0.0, max_rounds: int = 60, tier_options: dict[str, Any] | None = None,
+    row_pad: int = 4096,
 ) -> dict[str, Any]:  # fmt: skip
     per = max(1, -(-blocks // threads))
     tier_cfg = {
@@ -176,7 +182,8 @@ def bench_size(
     }
     cfg = {
         "block_bytes": block_bytes,
-        "cpu_bytes_to_use": block_bytes * blocks,
+        "cpu_bytes_to_use": row_stride(block_bytes, row_pad) * blocks,
+        "primary_row_pad": row_pad,
         "model": f"bench-mooncake-{block_bytes}",
         "secondary_tiers": [tier_cfg],
     }
@@ -201,7 +208,7 @@ def bench_size(
                 client.batch_remove([f"{x}-{m}" for x in names for m in "co"], True)
                 if r >= warmup:
                     done.append(times)
-            stats = mtier.get_stats()
+            stats, data_path = mtier.get_stats(), mtier.config_info()["data_path"]
     finally:
         client.unregister_buffer(int(buf.ctypes.data))
     # The headline reference is the faster raw variant of each round (the strongest one).
@@ -211,6 +218,7 @@ def bench_size(
     mb = blocks * block_bytes / 1e6
     out: dict[str, Any] = {
         "block_bytes": block_bytes, "blocks": blocks, "threads": threads, "rounds": len(done),
+        "data_path": data_path,
         "MBps": {k: round(mb / statistics.median(t[k] for t in done), 1) for k in done[0]},
     }  # fmt: skip
     # Per round, tier throughput / raw throughput of the same bytes (= raw time / tier time); the
@@ -255,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         "--store-staging-max-block", type=int,
         help="the tier's store_staging_max_block (default: the tier's, 2 MiB)",
     )  # fmt: skip
+    ap.add_argument(
+        "--row-pad", type=int, default=4096,
+        help="the engine's primary_row_pad (default 4096, as docs/remote.md configures it: blocks move "
+        "in place; 0: staged / zero-copy as the thresholds choose)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
@@ -279,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, opt) is not None:
                 extra[opt] = getattr(args, opt)
         results = [
-            bench_size(master, metadata, client, int(s), *opts, tier_options=extra)
+            bench_size(master, metadata, client, int(s), *opts, tier_options=extra, row_pad=args.row_pad)
             for s in args.sizes.split(",")
         ]
         client.close()

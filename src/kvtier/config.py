@@ -31,6 +31,7 @@ __all__ = [
     "TierConfig",
     "load_config",
     "parse_size",
+    "row_stride",
 ]
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
@@ -176,12 +177,16 @@ class KvtierConfig:
     promotion_share: float = 0.5
     metrics_port: int | None = None
     cost_model: Mapping[str, Any] = field(default_factory=dict)
+    # Bytes each primary row keeps free after its block (rounded up to 4 KiB): the mooncake tier
+    # writes the next slot's block header there, so header + payload move as one zero-copy piece.
+    primary_row_pad: int = 0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def row_stride(self) -> int:
-        """Bytes per primary slot: ``block_bytes`` rounded up to 4 KiB (page-aligned rows)."""
-        return -(-self.block_bytes // 4096) * 4096
+        """Bytes per primary slot: ``block_bytes`` rounded up to 4 KiB (page-aligned rows), plus
+        ``primary_row_pad`` rounded up to 4 KiB."""
+        return row_stride(self.block_bytes, self.primary_row_pad)
 
     @property
     def num_primary_slots(self) -> int:
@@ -195,6 +200,15 @@ class KvtierConfig:
 
 
 _TOP_KEYS = [f.name for f in fields(KvtierConfig) if f.name != "raw"]
+
+
+#: Largest ``primary_row_pad``: room for headers, not a second block.
+_MAX_ROW_PAD = 1 << 20
+
+
+def row_stride(block_bytes: int, row_pad: int = 0) -> int:
+    """Bytes per primary row: ``block_bytes`` and then ``row_pad``, each rounded up to 4 KiB."""
+    return -(-block_bytes // 4096) * 4096 + -(-row_pad // 4096) * 4096
 
 
 # Built-in tiers whose entries take vLLM's tier keys with vLLM's meaning (or refuse them saying why).
@@ -297,6 +311,13 @@ def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
         kw["primary_backing"] = _choice(raw["primary_backing"], "primary_backing", PRIMARY_BACKINGS)
     if "write_policy" in raw:
         kw["write_policy"] = _choice(raw["write_policy"], "write_policy", WRITE_POLICIES)
+    if "primary_row_pad" in raw:
+        kw["primary_row_pad"] = parse_size(raw["primary_row_pad"], "primary_row_pad")
+        if kw["primary_row_pad"] > _MAX_ROW_PAD:
+            raise ConfigError(
+                "primary_row_pad",
+                f"at most {_MAX_ROW_PAD} bytes (4096 holds a header), got {raw['primary_row_pad']!r}",
+            )
     for key, lo in (("write_after_hits", 1), ("max_inflight_jobs", 1)):
         if key in raw:
             kw[key] = _expect(raw[key], int, key, "an integer")

@@ -65,6 +65,7 @@ _SET_BY_VLLM = {
     "block_bytes": "remove it: a block is one vLLM chunk (vLLM's block_size / blocks_per_chunk)",
     "primary_backing": "remove it: the primary buffer is vLLM's shared offload region",
     "shm_name": "remove it: the primary buffer is vLLM's shared offload region",
+    "primary_row_pad": "remove it: vLLM's shared offload region fixes the row layout",
     "model": "remove it: the namespace comes from vLLM's model, KV layout and chunk size",
 }
 # vLLM's keys for its own primary tier / tiering manager, which the spec does not build.

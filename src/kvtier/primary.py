@@ -36,6 +36,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from kvtier.config import row_stride
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.base import CachePolicy
@@ -71,7 +72,11 @@ class PrimaryTier:
 
     Args:
         num_slots: number of slots (the policy's capacity).
-        block_bytes: payload bytes per block; ``row_stride`` is this rounded up to 4 KiB.
+        block_bytes: payload bytes per block; ``row_stride`` is this rounded up to 4 KiB, plus
+            ``row_pad`` rounded up to 4 KiB.
+        row_pad: bytes each row keeps free after its block (``primary_row_pad``): a tier may use
+            the end of row ``s - 1`` as the room right in front of slot ``s`` (the mooncake tier
+            writes a block header there). Nothing else reads or writes past a row's block.
         policy: orders READY keys and picks victims; capacity must be ``num_slots``.
         backing: ``heap`` | ``shm`` | ``torch`` | ``none`` (see :mod:`kvtier.transfer.buffers`).
         shm_name: shared-memory name (``shm`` backing only).
@@ -98,6 +103,7 @@ class PrimaryTier:
         backing: str = "heap",
         shm_name: str | None = None,
         external: Any = None,
+        row_pad: int = 0,
     ) -> None:
         if num_slots < 1:
             raise ConfigError(
@@ -112,7 +118,7 @@ class PrimaryTier:
         n = int(num_slots)
         self.num_slots = n
         self.block_bytes = int(block_bytes)
-        self.row_stride = -(-self.block_bytes // 4096) * 4096
+        self.row_stride = row_stride(self.block_bytes, row_pad)
         self.policy = policy
         if external is not None:
             self.backing = "external"

@@ -33,9 +33,28 @@ class ReportsTwiceTier(ExampleTier):
         return done + again
 
 
+class ScribblesPastBlockTier(ExampleTier):
+    """Loads right, then writes one byte just past the block: padding no tier may touch, even one
+    allowed the row pad (``writes_row_pad``)."""
+
+    def _load_chunk(self, state, items):
+        outcome = super()._load_chunk(state, items)
+        for _, slot in items:
+            self.rows[slot, self.block_bytes] = 0
+        return outcome
+
+
 class TestKeysOnly(TierContractTests):
     def make_tier(self, primary: PrimaryBuffer, workdir: Path):
         return KeysOnlyTier(primary_kv_view=primary.view, context=primary.context())
+
+
+class TestScribblesPastBlock(TierContractTests):
+    row_stride = 8192 + 4096
+    writes_row_pad = True
+
+    def make_tier(self, primary: PrimaryBuffer, workdir: Path):
+        return ScribblesPastBlockTier(primary_kv_view=primary.view, context=primary.context())
 
 
 class TestReportsTwice(TierContractTests):
@@ -57,6 +76,9 @@ def test_suite_fails_broken_tiers(tmp_path: Path) -> None:
     # The byte round trips catch the tier that copies nothing ...
     assert "FAILED test_broken_tiers.py::TestKeysOnly::test_store_then_load_round_trips_bytes" in out
     assert "FAILED test_broken_tiers.py::TestKeysOnly::test_drain_waits_for_buffer_io" in out
+    # ... the padding check catches a write past the block, even where the row pad may be written ...
+    scribble = "TestScribblesPastBlock::test_store_then_load_round_trips_bytes"
+    assert f"FAILED test_broken_tiers.py::{scribble}" in out
     # ... and the exactly-once check catches duplicate reports.
     assert "FAILED test_broken_tiers.py::TestReportsTwice::test_every_job_is_reported_exactly_once" in out
     # Tests a broken tier does not violate still pass: the suite is specific, not all-or-nothing.

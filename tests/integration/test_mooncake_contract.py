@@ -45,3 +45,14 @@ class TestMooncakeZeroCopyContract(TestMooncakeContract):
     blocks are small, so the class above runs the staged one."""
 
     options: ClassVar[dict[str, Any]] = {"staging_max_block": 0}
+
+
+class TestMooncakeInPlaceContract(TestMooncakeContract):
+    """The same suite on rows with header room (an engine's ``primary_row_pad``): objects move in
+    place, one zero-copy piece from the end of the previous row through the slot (slot 0 staged)."""
+
+    row_stride = 8192 + 4096
+    writes_row_pad = True
+
+    def test_objects_move_in_place(self, tier: MooncakeTier) -> None:
+        assert tier.config_info()["data_path"] == {"store": "in place", "load": "in place"}

@@ -48,6 +48,7 @@ def test_config_example_round_trips_against_a_real_store(mooncake_store: Mooncak
     data = np.random.default_rng(1).integers(0, 256, (4, 65536), dtype=np.uint8)
     out = np.zeros_like(data)
     with Engine(cfg) as eng:
+        assert eng.tiers[0].config_info()["data_path"] == {"store": "in place", "load": "in place"}
         assert eng.store_blocks(keys, data) == 4
         eng.drain()
         eng.reset()

@@ -32,9 +32,12 @@ BLOCK = 256 * 1024
 PROC = Path(__file__).with_name("remote_engine_proc.py")
 
 
-#: The tier's two data paths (same object format): one piece through a registered staging
-#: buffer (blocks up to ``staging_max_block``, the default at these sizes) and zero-copy, two pieces.
-PATHS = {"staged": {}, "zero_copy": {"staging_max_block": 0}}
+#: The tier's data paths (same object format): one piece through a registered staging buffer
+#: (blocks up to ``staging_max_block``, the default at these sizes), zero-copy as two pieces, and in
+#: place (rows with header room, ``ROW_PAD``: one zero-copy piece from the end of the previous row).
+PATHS: dict[str, dict[str, Any]] = {"staged": {}, "zero_copy": {"staging_max_block": 0}, "in_place": {}}
+ROW_PAD = {"in_place": 4096}
+NAMES = {"staged": "staged", "zero_copy": "zero-copy", "in_place": "in place"}
 
 
 def config(
@@ -71,9 +74,11 @@ def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore, path: st
     keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
     data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
     out = np.zeros_like(data)
-    with Engine(config(mooncake_store, f"engine-rt-{path}", PATHS[path])) as eng:
+    cfg = config(mooncake_store, f"engine-rt-{path}", PATHS[path], primary_row_pad=ROW_PAD.get(path, 0))
+    with Engine(cfg) as eng:
         assert isinstance(eng.tiers[0], MooncakeTier)
-        want = "staged" if path == "staged" else "zero-copy"
+        assert eng.row_stride == BLOCK + ROW_PAD.get(path, 0)
+        want = NAMES[path]
         assert eng.tiers[0].config_info()["data_path"] == {"store": want, "load": want}
         assert eng.store_blocks(keys, data) == 8
         eng.drain()
@@ -137,7 +142,7 @@ def test_staged_and_zero_copy_tiers_read_each_others_blocks(mooncake_store: Moon
 def test_damaged_values_are_never_served_and_are_replaced(
     mooncake_store: MooncakeStore, damage: str, path: str
 ) -> None:
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
+    primary = PrimaryBuffer.heap(4, 8192 + ROW_PAD.get(path, 0), 5000)
     written = primary.fill_random([0, 1], seed=5)
     a, b = BlockKey(b"victim"), BlockKey(b"donor")
     prefix = f"corrupt-{damage}-{path}"
@@ -180,6 +185,38 @@ def test_damaged_values_are_never_served_and_are_replaced(
     finally:
         raw.close()
         tier.shutdown()
+
+
+def test_in_place_blocks_are_everyones_and_only_the_row_pad_is_written(mooncake_store: MooncakeStore) -> None:
+    """Rows with header room: the object of slot s starts at the end of row s-1 (slot 0 is staged).
+    Its blocks are byte-exact hits for a tier on plain rows and back; no block byte of another slot
+    and no padding before the pad's pages is ever written."""
+    padded = PrimaryBuffer.heap(6, 8192 + 4096, 5000)
+    plain = PrimaryBuffer.heap(6, 8192, 5000)
+    written = padded.fill_random(range(6), seed=21)
+    padded.rows[:, 5000:] = 0xAB
+    in_place = _tier(padded, mooncake_store, "inplace")
+    staged = _tier(plain, mooncake_store, "inplace")
+    try:
+        assert in_place.config_info()["data_path"] == {"store": "in place", "load": "in place"}
+        keys = [BlockKey(f"ip{i}".encode()) for i in range(3)]
+        assert _store(in_place, keys, [0, 1, 2], 1)  # slot 0 staged, slots 1 and 2 in place
+        assert _load(staged, keys, [3, 4, 5], 2) == set(keys)
+        for i in range(3):
+            assert plain.block(3 + i).tobytes() == written[i]
+        other = BlockKey(b"by-plain")
+        mine = plain.fill_random([0], seed=22)[0]
+        assert _store(staged, [other], [0], 3)
+        # Loads into slots 4, 0 and 5: the headers land at the end of rows 3 and 4, slot 0 staged.
+        assert _load(in_place, [other, keys[0], keys[2]], [4, 0, 5], 4) == {other, keys[0], keys[2]}
+        want = {0: written[0], 1: written[1], 2: written[2], 3: written[3], 4: mine, 5: written[2]}
+        for slot, data in want.items():
+            assert padded.block(slot).tobytes() == data, f"slot {slot} differs"
+        assert (padded.rows[:, 5000:8192] == 0xAB).all(), "padding before the pad pages was written"
+        assert in_place.get_stats()["corrupt"] == staged.get_stats()["corrupt"] == 0
+    finally:
+        in_place.shutdown()
+        staged.shutdown()
 
 
 def test_a_key_the_store_lost_is_a_miss_not_an_error(mooncake_store: MooncakeStore) -> None:

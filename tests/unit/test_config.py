@@ -154,6 +154,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"promotion_share": 1.5}, "promotion_share: must be in (0, 1]"),
     ({"metrics_port": 70000}, "metrics_port: must be in 0..65535"),
     ({"metrics_port": "9400"}, "metrics_port: expected a TCP port number"),
+    ({"primary_row_pad": -1}, "primary_row_pad: size must be >= 0"),
+    ({"primary_row_pad": "2MiB"}, "primary_row_pad: at most 1048576 bytes"),
 ]
 
 
@@ -253,3 +255,20 @@ def test_dict_json_and_yaml_agree(raw: dict[str, Any]) -> None:
             "type": tc.type,
             **({"module_path": tc.module_path} if tc.module_path else {}),
         } == entry
+
+
+@pytest.mark.parametrize(
+    ("block", "pad", "stride"), [(5000, 0, 8192), (5000, 1, 12288), (1 << 18, 4096, (1 << 18) + 4096)]
+)
+def test_primary_row_pad_adds_whole_pages_after_the_block(block: int, pad: int, stride: int) -> None:
+    """Rows keep the block's 4 KiB pages as they are, then the pad in whole pages; slots count it."""
+    cfg = load_config({"block_bytes": block, "cpu_bytes_to_use": 3 * stride, "primary_row_pad": pad})
+    assert (cfg.row_stride, cfg.num_primary_slots, cfg.primary_row_pad) == (stride, 3, pad)
+
+
+def test_vllm_refuses_a_row_pad_naming_the_key() -> None:
+    """vLLM's shared offload region fixes the rows: a pad there would configure nothing."""
+    from kvtier.config_vllm import spec_block
+
+    with pytest.raises(ConfigError, match=r"^kvtier\.primary_row_pad: remove it"):
+        spec_block({"kvtier": {"primary_row_pad": 4096}})

@@ -123,7 +123,7 @@ class Engine:
         spec, policy, num_slots = resolve_policy(cfg, policy, tiers is not None)
         self.primary = PrimaryTier(
             num_slots, cfg.block_bytes, policy, backing=cfg.primary_backing, shm_name=cfg.shm_name,
-            external=primary_buffer,
+            external=primary_buffer, row_pad=cfg.primary_row_pad,
         )  # fmt: skip
         self.policy = policy
         self.num_slots = num_slots

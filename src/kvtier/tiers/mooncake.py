@@ -13,8 +13,14 @@ RDMA. Config (docs/mooncake.md has a copyable one)::
   :mod:`kvtier.codec` header, then the payload. A job of up to ``batch_blocks`` blocks is ONE
   batched call, not split over the workers (``spreads_jobs`` is off: the transfer engine spreads a
   call itself, and two concurrent half-size calls cost more than one; the workers serve concurrent
-  jobs). Two ways to move the value, same bytes in the store (each reads the other's):
+  jobs). Three ways to move the value, same bytes in the store (each reads the others'):
 
+  - *in place* (rows with header room: the engine's ``primary_row_pad``, any block size): the
+    object of slot ``s`` is ONE zero-copy piece, its header in the pad at the end of row
+    ``s - 1`` (past that row's block pages, which nothing else reads or writes) running straight
+    into the slot; a load is verified where it landed. Slot 0 (no row before it) goes through a
+    one-row staging buffer. In-process A/B rounds through the engine (32 blocks) ran in-place
+    stores at 1.15x / 1.16x and loads at 1.08x / 1.14x the staged ones at 256 KiB / 1 MiB;
   - *zero copy* (loads of blocks over ``staging_max_block``, default 512 KiB; stores of blocks
     over ``store_staging_max_block``, default 2 MiB): two pieces per object
     (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), the header from the
@@ -212,12 +218,17 @@ class MooncakeTier(RemoteTier):
         self._setup_lock = threading.Lock()
         self._config: Any = None
         self._rewrite: set[BlockKey] = set()  # keys whose bad value a lease kept: next store upserts
-        self._staged_get = self.block_bytes <= self.staging_max_block
-        self._staged_put = self.block_bytes <= self.store_staging_max_block
+        # Room for a header at the end of every row (``primary_row_pad``): the object of slot s is
+        # then [end of row s-1 | slot s], one zero-copy piece; only slot 0 is staged.
+        self._in_place = self._row_stride - -(-self.block_bytes // 4096) * 4096 >= HEADER_ROW
+        # One piece per object (in place or staged) rather than two (header row + slot).
+        self._one_piece_get = self._in_place or self.block_bytes <= self.staging_max_block
+        self._one_piece_put = self._in_place or self.block_bytes <= self.store_staging_max_block
         self._stages: list[np.ndarray] = []  # per-worker staging rows, registered with the store
         self._stage_local = threading.local()
         # Base addresses, read once (``ndarray.ctypes`` costs microseconds per access).
         self._rows_ptr = int(self.rows.ctypes.data)
+        self._flat = self.rows.reshape(-1)
         self._arena_ptr = int(self._arena.ctypes.data)
 
     # -- naming and buffers ----------------------------------------------------------------------------
@@ -254,7 +265,7 @@ class MooncakeTier(RemoteTier):
             store.close()
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
-        stage = self._stage(client) if self._staged_put else None
+        stage = self._stage(client) if self._one_piece_put else None
         names: list[str] = []
         ptrs: list[Any] = []
         sizes: list[Any] = []
@@ -268,7 +279,7 @@ class MooncakeTier(RemoteTier):
                 error = error or f"block key of {len(key)} bytes is too long (at most {HEADER_ROW - 40})"
                 continue
             head, payload = self._pieces(stage, i, slot, hlen)
-            if stage is not None:
+            if stage is not None and self._row_of(i, slot) >= 0:
                 np.copyto(payload, self.slot_array(slot))
             self._encode_into(key, payload, head)
             if key in self._rewrite:
@@ -305,18 +316,20 @@ class MooncakeTier(RemoteTier):
             self._on_error(route, RemoteFullError(f"mooncake: no space for {full} block(s)"))
         return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
 
-    def _place(self, staged: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
-        """Append object ``i``'s transfer addresses: one staging row (header and payload contiguous)
-        when ``staged``, else two pieces (the header room, then the slot itself, zero-copy)."""
-        if staged:
-            ptrs.append(self._stage_ptr(i, hlen))
+    def _place(self, one: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
+        """Append object ``i``'s transfer addresses: with ``one``, one piece (in place: the end of
+        the previous row, then the slot; else a staging row), else two pieces (the header arena
+        row, then the slot itself, zero-copy)."""
+        if one:
+            row = self._row_of(i, slot)
+            ptrs.append(self._slot_ptr(slot) - hlen if row < 0 else self._stage_ptr(row, hlen))
             sizes.append(hlen + self.block_bytes)
         else:
             ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
             sizes.append([hlen, self.block_bytes])
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
-        stage = self._stage(client) if self._staged_get else None
+        stage = self._stage(client) if self._one_piece_get else None
         names: list[str] = []
         ptrs: list[Any] = []
         sizes: list[Any] = []
@@ -341,7 +354,7 @@ class MooncakeTier(RemoteTier):
             if code == hlen + bb:
                 head, payload = self._pieces(stage, i, slot, hlen)
                 if self._verify(key, slot, head, payload):
-                    if stage is not None:
+                    if stage is not None and self._row_of(i, slot) >= 0:
                         np.copyto(self.slot_array(slot), payload)  # verified before it is served
                     done.append(key)
             elif code >= 0 or code == mc.INVALID_PARAMS:
@@ -389,8 +402,8 @@ class MooncakeTier(RemoteTier):
             replica_num=self.replica_num,
             global_segment_size=self.global_segment_size,
             data_path={
-                "store": "staged" if self._staged_put else "zero-copy",
-                "load": "staged" if self._staged_get else "zero-copy",
+                "store": self._path_name(self._one_piece_put),
+                "load": self._path_name(self._one_piece_get),
             },
         )
         return info
@@ -441,7 +454,8 @@ class MooncakeTier(RemoteTier):
         A worker runs one chunk at a time, so its rows are never shared."""
         stage: np.ndarray | None = getattr(self._stage_local, "rows", None)
         if stage is None:
-            stage = np.zeros((self.batch_blocks, HEADER_ROW + self.block_bytes), dtype=np.uint8)
+            rows = 1 if self._in_place else self.batch_blocks  # in place, only slot 0 is staged
+            stage = np.zeros((rows, HEADER_ROW + self.block_bytes), dtype=np.uint8)
             code = client.register_buffer(int(stage.ctypes.data), int(stage.nbytes))
             if code != 0:
                 raise mc.MooncakeUnavailableError(f"mooncake: register_buffer(staging) answered {code}")
@@ -451,26 +465,43 @@ class MooncakeTier(RemoteTier):
             self._stage_local.ptr = int(stage.ctypes.data)
         return stage
 
-    def _stage_ptr(self, i: int, hlen: int) -> int:
-        """Address of item ``i``'s object (its header) in this worker's staging rows."""
-        return int(self._stage_local.ptr) + i * (HEADER_ROW + self.block_bytes) + HEADER_ROW - hlen
+    def _stage_ptr(self, row: int, hlen: int) -> int:
+        """Address of the object (its header) in staging row ``row`` of this worker."""
+        return int(self._stage_local.ptr) + row * (HEADER_ROW + self.block_bytes) + HEADER_ROW - hlen
+
+    def _row_of(self, i: int, slot: int) -> int:
+        """The staging row of item ``i`` in a one-piece call, or -1 when its object is in place
+        (rows have header room and ``slot`` has a previous row)."""
+        if self._in_place:
+            return -1 if slot else 0
+        return i
+
+    def _path_name(self, one_piece: bool) -> str:
+        if not one_piece:
+            return "zero-copy"
+        return "in place" if self._in_place else "staged"
 
     def _pieces(
         self, stage: np.ndarray | None, i: int, slot: int, hlen: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Where item ``i``'s header and payload are (or land): staging row ``i``, or the slot's
-        header-arena row and the primary slot itself."""
+        """Where item ``i``'s header and payload are (or land): in place (the end of the previous
+        row, then the slot), a staging row, or the slot's header-arena row and the slot itself."""
         if stage is None:
             return self._arena[slot, :hlen], self.slot_array(slot)
-        return stage[i, HEADER_ROW - hlen : HEADER_ROW], stage[i, HEADER_ROW:]
+        row = self._row_of(i, slot)
+        if row < 0:
+            end = slot * self._row_stride
+            return self._flat[end - hlen : end], self.slot_array(slot)
+        return stage[row, HEADER_ROW - hlen : HEADER_ROW], stage[row, HEADER_ROW:]
+
+    def _header(self, key: BlockKey, payload: np.ndarray) -> bytes:
+        """The exact header of ``payload`` stored under ``key`` (one xxh3 pass over it)."""
+        return codec.encode_header(
+            key, payload.nbytes, codec.payload_checksum(key, self.ns_tag, payload.data), self.ns_tag
+        )
 
     def _encode_into(self, key: BlockKey, payload: np.ndarray, head: np.ndarray) -> None:
-        raw = bytes(key)
-        view = payload.data
-        encoded = codec.encode_header(
-            raw, view.nbytes, codec.payload_checksum(raw, self.ns_tag, view), self.ns_tag
-        )
-        head[:] = np.frombuffer(encoded, dtype=np.uint8)
+        head.data[:] = self._header(key, payload)
 
     def _upsert(self, client: Any, key: BlockKey, head: np.ndarray, payload: np.ndarray) -> bool:
         """Replace a value a lease kept in place (rare: copies through the client's buffer)."""
@@ -482,15 +513,22 @@ class MooncakeTier(RemoteTier):
         return False
 
     def _verify(self, key: BlockKey, slot: int, head: np.ndarray, payload: np.ndarray) -> bool:
+        """Whether the value arrived intact. The header is fully determined by the key, the
+        namespace, the length and the payload's checksum, so a value is good exactly when its
+        header equals the one this payload would get (one comparison); parsing is only for the
+        reason a bad one is rejected."""
+        if head.data == self._header(key, payload):
+            return True
         try:
             parsed = codec.parse_header(
                 head.data, expected_key=bytes(key), ns_tag=self.ns_tag, payload_len=self.block_bytes
             )
             codec.verify_payload(parsed, payload.data)
+            reason, why = "header", "header fields differ from the ones this payload gets"
         except codec.CorruptBlockError as exc:
-            self._reject(key, slot, exc.reason, str(exc))
-            return False
-        return True
+            reason, why = exc.reason, str(exc)
+        self._reject(key, slot, reason, why)
+        return False
 
     def _reject(self, key: BlockKey, slot: int, reason: str, why: str) -> None:
         """A value that failed verification: counted, forgotten, dropped, and the slot zeroed (the
