@@ -42,7 +42,7 @@ For 512 KiB and 4 MiB blocks:
   clients (ratios > 1):** its object GETs and PUTs do not go through a client's request pipeline
   (``kvtier.tiers.s3_wire``: SigV4 headers, one ``sendmsg`` of head and slot, the body received
   into the slot), which on this 2-core host shared with the gateway is throughput; against the
-  bare socket it is at 0.9-1.0 (docs/remote.md). Each round's objects are deleted after it,
+  bare socket it is at 0.8-1.0 (docs/remote.md). Each round's objects are deleted after it,
   untimed (Ceph's memstore is small).
 
 A redis-server is started on a free loopback port for the run (and stopped); the S3 part is skipped
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=32, help="MiB per round and size")
     ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
-    ap.add_argument("--repeat", type=int, default=5, help="interleaved S3 rounds (medians are reported)")
+    ap.add_argument("--repeat", type=int, default=4, help="interleaved S3 rounds (medians are reported)")
     ap.add_argument(
         "--redis-repeat", type=int, default=18, help="interleaved Redis rounds (6 orders per cycle)"
     )
