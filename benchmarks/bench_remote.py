@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
     ap.add_argument("--repeat", type=int, default=4, help="interleaved S3 rounds (medians are reported)")
     ap.add_argument(
-        "--redis-repeat", type=int, default=18, help="interleaved Redis rounds (6 orders per cycle)"
+        "--redis-repeat", type=int, default=12, help="interleaved Redis rounds (6 orders per cycle)"
     )
     ap.add_argument("--s3-endpoint", default=os.environ.get("KVTIER_TEST_S3_ENDPOINT", ""))
     ap.add_argument("--s3-bucket", default="kvtier-bench", help="bucket (created when missing)")

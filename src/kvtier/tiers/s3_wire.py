@@ -57,6 +57,7 @@ __all__ = ["Credentials", "Endpoint", "Response", "S3Wire", "sign"]
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
 _HEAD_MAX = 64 << 10  # a response's status line and headers
+_HEAD_STEP = 8 << 10  # bytes asked for per receive while looking for the head's end
 _ERROR_BODY_MAX = 64 << 10  # an error response's XML body, read to learn its code
 _RETRY_STATUS = (500, 502, 504)  # a gateway's passing trouble; 503 "slow down" pauses stores instead
 _CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
@@ -392,7 +393,9 @@ class S3Wire:
             if left <= 0:
                 raise TimeoutError("no response head within the timeout")
             sock.settimeout(left)
-            n = sock.recv_into(buf[got:])
+            # At most 8 KiB a receive: a head is far smaller, and body bytes taken with it are
+            # copied once more (into the Response) before they reach the slot.
+            n = sock.recv_into(buf[got:], min(len(buf) - got, _HEAD_STEP))
             if not n:
                 raise http.client.RemoteDisconnected("the server closed the connection")
             start = max(0, got - 3)
