@@ -75,3 +75,15 @@ def test_swapped_payload_with_valid_header_is_detected() -> None:
 def test_garbage_is_rejected(blob: bytes) -> None:
     with pytest.raises(CorruptBlockError):
         codec.decode(blob, key=b"k", ns_tag=NS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    key=st.binary(min_size=0, max_size=300),
+    payload=st.binary(max_size=5000),
+    ns=st.integers(0, 2**64 - 1),
+)
+def test_header_maker_writes_the_same_header_as_encode_header(key: bytes, payload: bytes, ns: int) -> None:
+    made = codec.HeaderMaker(ns, len(payload))(key, memoryview(payload))
+    assert made == codec.encode_header(key, len(payload), codec.payload_checksum(key, ns, payload), ns)
+    assert bytes(codec.decode(made + payload, key=key, ns_tag=ns)) == payload

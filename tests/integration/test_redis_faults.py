@@ -159,3 +159,38 @@ def test_cluster_node_killed_only_its_keys_miss(tmp_path: Path) -> None:
     finally:
         tier.shutdown()
         cluster.stop()
+
+
+def test_lookup_many_answers_and_counts_like_lookup(tmp_path: Path) -> None:
+    """The batched lookup's one-pass path (one server, breaker closed, keys the index knows) gives
+    the per-key answers and counters, and so does its fallback with the breaker open."""
+    server = RedisServer(tmp_path / "r")
+    primary = PrimaryBuffer.heap(8, 8192, 5000)
+    primary.fill_random(range(8), seed=3)
+    tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **OPTS)
+    d = Driver(tier, primary)
+
+    def both(asked: list[BlockKey]) -> None:
+        before = tier.get_stats()
+        batched = tier.lookup_many(asked)
+        mid = tier.get_stats()
+        single = [tier.lookup(k) for k in asked]
+        after = tier.get_stats()
+        assert batched == single
+        for counter in ("lookups", "hits"):
+            assert mid[counter] - before[counter] == after[counter] - mid[counter]
+
+    try:
+        held = keys("held", 4)
+        assert d.run(held, [0, 1, 2, 3], load=False).success
+        asked = [held[0], *keys("unknown", 3), held[2], held[2], held[3]]
+        both(asked)
+        assert tier.lookup_many(asked)[0] is LookupResult.HIT
+        server.kill()
+        while d.lookup(held[0]) is LookupResult.HIT:
+            d.run(held[:1], [5], load=True)
+        both(asked)
+        assert set(tier.lookup_many(asked)) == {LookupResult.MISS}
+    finally:
+        tier.shutdown()
+        server.kill()

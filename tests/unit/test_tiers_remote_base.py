@@ -4,7 +4,7 @@ defines, the circuit breaker's state machine, the existence index's policies."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from needs import need_module
 
@@ -162,3 +162,30 @@ def test_index_is_bounded() -> None:
     for i in range(10):
         idx.add(BlockKey(bytes([i])))
     assert list(idx.known) == [BlockKey(bytes([i])) for i in (7, 8, 9)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "add_many", "forget"]), st.lists(st.integers(0, 12), max_size=6)),
+        max_size=30,
+    ),
+    capacity=st.integers(1, 8),
+)
+def test_add_many_is_add_of_each_key(ops: list[tuple[str, list[int]]], capacity: int) -> None:
+    one, many = ExistenceIndex(capacity=capacity), ExistenceIndex(capacity=capacity)
+    for t, (op, ints) in enumerate(ops):
+        keys = [BlockKey(bytes([i])) for i in ints]
+        if op == "add_many":
+            many.add_many(keys)
+        for k in keys:
+            if op == "forget":
+                one.forget(k, t)
+                many.forget(k, t)
+            else:
+                one.add(k)
+                if op == "add":
+                    many.add(k)
+        assert list(one.known) == list(many.known)
+        probe = [BlockKey(bytes([i])) for i in range(13)]
+        assert [one.lookup(k, t) for k in probe] == [many.lookup(k, t) for k in probe]

@@ -51,6 +51,35 @@ def test_one_worker_runs_any_queue_in_priority_then_fifo_order(prios: list[Prior
         pool.stop()
 
 
+def test_one_job_at_a_time_stays_on_the_worker_that_went_idle_last() -> None:
+    """A stack of idle workers, not a queue: sequential tasks keep running on one (warm) thread,
+    while tasks that overlap still spread over the workers."""
+    pool = WorkerPool(3, name="lifo", logger=log)
+    ran: list[str] = []
+    try:
+        for _ in range(12):
+            pool.submit(Priority.STORE, lambda: ran.append(threading.current_thread().name))
+            assert pool.wait_idle(10)
+        assert len(set(ran)) == 1, ran
+        gate, started = threading.Event(), threading.Semaphore(0)
+
+        def hold() -> None:
+            ran.append(threading.current_thread().name)
+            started.release()
+            gate.wait()
+
+        ran.clear()
+        for _ in range(3):
+            pool.submit(Priority.STORE, hold)
+        for _ in range(3):
+            assert started.acquire(timeout=10)  # all three run at once: one per worker
+        gate.set()
+        assert pool.wait_idle(10)
+        assert len(set(ran)) == 3
+    finally:
+        pool.stop()
+
+
 def test_a_raising_task_is_logged_and_the_worker_survives(caplog: pytest.LogCaptureFixture) -> None:
     pool = WorkerPool(1, name="err", logger=log)
     done = threading.Event()

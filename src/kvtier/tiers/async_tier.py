@@ -357,7 +357,7 @@ class AsyncTier(SecondaryTier):
             return
         state.reported = True
         job = state.job
-        success = all(k in state.ok for k in job.keys)
+        success = state.ok.issuperset(job.keys)
         error = state.error
         if not success:
             self.stats.failed_jobs += 1

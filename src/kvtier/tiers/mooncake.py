@@ -229,6 +229,7 @@ class MooncakeTier(RemoteTier):
         # Base addresses, read once (``ndarray.ctypes`` costs microseconds per access).
         self._rows_ptr = int(self.rows.ctypes.data)
         self._flat = self.rows.reshape(-1)
+        self._mv = self._flat.data  # slicing a memoryview costs a fraction of an ndarray's
         self._arena_ptr = int(self._arena.ctypes.data)
 
     # -- naming and buffers ----------------------------------------------------------------------------
@@ -240,10 +241,6 @@ class MooncakeTier(RemoteTier):
 
     def _head_ptr(self, slot: int) -> int:
         return self._arena_ptr + slot * HEADER_ROW
-
-    def _header_len(self, key: BlockKey) -> int | None:
-        hlen = codec.header_size(len(key))
-        return hlen if hlen <= HEADER_ROW else None
 
     # -- RemoteTier hooks --------------------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -272,23 +269,35 @@ class MooncakeTier(RemoteTier):
         keys: list[BlockKey] = []
         done: list[BlockKey] = []
         error: str | None = None
-        bb = self.block_bytes
+        # Locals: this loop runs once per block, where attribute lookups add up.
+        bb, mv, make, prefix, rewrite = self.block_bytes, self._mv, self.headers, self._prefix, self._rewrite
+        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
         for i, (key, slot) in enumerate(items):
-            hlen = self._header_len(key)
-            if hlen is None:
+            hlen = codec.FIXED_HEADER_SIZE + len(key)
+            if hlen > HEADER_ROW:
                 error = error or f"block key of {len(key)} bytes is too long (at most {HEADER_ROW - 40})"
                 continue
-            head, payload = self._pieces(stage, i, slot, hlen)
-            if stage is not None and self._row_of(i, slot) >= 0:
-                np.copyto(payload, self.slot_array(slot))
-            self._encode_into(key, payload, head)
-            if key in self._rewrite:
+            if in_place and slot:  # the object: the pad that ends at this row, then the slot
+                at = slot * stride
+                head, payload = mv[at - hlen : at], mv[at : at + bb]
+                ptr: int | None = base + at - hlen
+            else:
+                head_arr, payload_arr = self._pieces(stage, i, slot, hlen)
+                if stage is not None:
+                    np.copyto(payload_arr, self.slot_array(slot))
+                head, payload, ptr = head_arr.data, payload_arr.data, None
+            head[:] = make(key, payload)
+            if rewrite and key in rewrite:
                 if self._upsert(client, key, head, payload):
                     done.append(key)
                 continue
-            names.append(self._name(key))
+            names.append(prefix + key.hex())
             keys.append(key)
-            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+            if ptr is not None:
+                ptrs.append(ptr)
+                sizes.append(hlen + bb)
+            else:
+                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
         if not names:
             codes: list[int] = []
         elif stage is None:
@@ -317,12 +326,11 @@ class MooncakeTier(RemoteTier):
         return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
 
     def _place(self, one: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
-        """Append object ``i``'s transfer addresses: with ``one``, one piece (in place: the end of
-        the previous row, then the slot; else a staging row), else two pieces (the header arena
-        row, then the slot itself, zero-copy)."""
+        """Append the transfer addresses of object ``i`` when it does not move in place: with
+        ``one``, one piece (its staging row), else two pieces (the header arena row, then the
+        slot itself, zero-copy)."""
         if one:
-            row = self._row_of(i, slot)
-            ptrs.append(self._slot_ptr(slot) - hlen if row < 0 else self._stage_ptr(row, hlen))
+            ptrs.append(self._stage_ptr(self._row_of(i), hlen))
             sizes.append(hlen + self.block_bytes)
         else:
             ptrs.append([self._head_ptr(slot), self._slot_ptr(slot)])
@@ -334,14 +342,19 @@ class MooncakeTier(RemoteTier):
         ptrs: list[Any] = []
         sizes: list[Any] = []
         want: list[tuple[BlockKey, int, int, int]] = []
-        bb = self.block_bytes
+        bb, mv, prefix = self.block_bytes, self._mv, self._prefix
+        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
         for i, (key, slot) in enumerate(items):
-            hlen = self._header_len(key)
-            if hlen is None:
+            hlen = codec.FIXED_HEADER_SIZE + len(key)
+            if hlen > HEADER_ROW:
                 continue  # never stored (too long): a miss
-            names.append(self._name(key))
+            names.append(prefix + key.hex())
             want.append((key, slot, hlen, i))
-            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+            if in_place and slot:
+                ptrs.append(base + slot * stride - hlen)
+                sizes.append(hlen + bb)
+            else:
+                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
         if not names:
             codes: list[int] = []
         elif stage is None:
@@ -352,10 +365,15 @@ class MooncakeTier(RemoteTier):
         failed: list[tuple[BlockKey, int, str, int]] = []
         for (key, slot, hlen, i), name, code in zip(want, names, codes, strict=True):
             if code == hlen + bb:
-                head, payload = self._pieces(stage, i, slot, hlen)
-                if self._verify(key, slot, head, payload):
-                    if stage is not None and self._row_of(i, slot) >= 0:
-                        np.copyto(self.slot_array(slot), payload)  # verified before it is served
+                if in_place and slot:
+                    at = slot * stride
+                    if self._verify(key, slot, mv[at - hlen : at], mv[at : at + bb]):
+                        done.append(key)
+                    continue
+                head_arr, payload_arr = self._pieces(stage, i, slot, hlen)
+                if self._verify(key, slot, head_arr.data, payload_arr.data):
+                    if stage is not None:
+                        np.copyto(self.slot_array(slot), payload_arr)  # verified before it is served
                     done.append(key)
             elif code >= 0 or code == mc.INVALID_PARAMS:
                 self._reject(key, slot, "length", f"object of {code} bytes, expected {hlen + bb}")
@@ -469,12 +487,10 @@ class MooncakeTier(RemoteTier):
         """Address of the object (its header) in staging row ``row`` of this worker."""
         return int(self._stage_local.ptr) + row * (HEADER_ROW + self.block_bytes) + HEADER_ROW - hlen
 
-    def _row_of(self, i: int, slot: int) -> int:
-        """The staging row of item ``i`` in a one-piece call, or -1 when its object is in place
-        (rows have header room and ``slot`` has a previous row)."""
-        if self._in_place:
-            return -1 if slot else 0
-        return i
+    def _row_of(self, i: int) -> int:
+        """The staging row of item ``i`` when its object is staged (in place only slot 0 is, in
+        the one row there is)."""
+        return 0 if self._in_place else i
 
     def _path_name(self, one_piece: bool) -> str:
         if not one_piece:
@@ -484,46 +500,34 @@ class MooncakeTier(RemoteTier):
     def _pieces(
         self, stage: np.ndarray | None, i: int, slot: int, hlen: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Where item ``i``'s header and payload are (or land): in place (the end of the previous
-        row, then the slot), a staging row, or the slot's header-arena row and the slot itself."""
+        """Where item ``i``'s header and payload are (or land) when it does not move in place: a
+        staging row, or the slot's header-arena row and the slot itself."""
         if stage is None:
             return self._arena[slot, :hlen], self.slot_array(slot)
-        row = self._row_of(i, slot)
-        if row < 0:
-            end = slot * self._row_stride
-            return self._flat[end - hlen : end], self.slot_array(slot)
+        row = self._row_of(i)
         return stage[row, HEADER_ROW - hlen : HEADER_ROW], stage[row, HEADER_ROW:]
 
-    def _header(self, key: BlockKey, payload: np.ndarray) -> bytes:
-        """The exact header of ``payload`` stored under ``key`` (one xxh3 pass over it)."""
-        return codec.encode_header(
-            key, payload.nbytes, codec.payload_checksum(key, self.ns_tag, payload.data), self.ns_tag
-        )
-
-    def _encode_into(self, key: BlockKey, payload: np.ndarray, head: np.ndarray) -> None:
-        head.data[:] = self._header(key, payload)
-
-    def _upsert(self, client: Any, key: BlockKey, head: np.ndarray, payload: np.ndarray) -> bool:
+    def _upsert(self, client: Any, key: BlockKey, head: memoryview, payload: memoryview) -> bool:
         """Replace a value a lease kept in place (rare: copies through the client's buffer)."""
-        code = client.upsert_parts(self._name(key), head.tobytes(), payload.data, config=self._config)
+        code = client.upsert_parts(self._name(key), head.tobytes(), payload, config=self._config)
         if code == 0:
             with self._lock:
                 self._rewrite.discard(key)
             return True
         return False
 
-    def _verify(self, key: BlockKey, slot: int, head: np.ndarray, payload: np.ndarray) -> bool:
+    def _verify(self, key: BlockKey, slot: int, head: memoryview, payload: memoryview) -> bool:
         """Whether the value arrived intact. The header is fully determined by the key, the
         namespace, the length and the payload's checksum, so a value is good exactly when its
         header equals the one this payload would get (one comparison); parsing is only for the
         reason a bad one is rejected."""
-        if head.data == self._header(key, payload):
+        if head.tobytes() == self.headers(key, payload):  # bytes compare faster than a memoryview
             return True
         try:
             parsed = codec.parse_header(
-                head.data, expected_key=bytes(key), ns_tag=self.ns_tag, payload_len=self.block_bytes
+                head, expected_key=bytes(key), ns_tag=self.ns_tag, payload_len=self.block_bytes
             )
-            codec.verify_payload(parsed, payload.data)
+            codec.verify_payload(parsed, payload)
             reason, why = "header", "header fields differ from the ones this payload gets"
         except codec.CorruptBlockError as exc:
             reason, why = exc.reason, str(exc)

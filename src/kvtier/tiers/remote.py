@@ -37,7 +37,7 @@ optionally ``_route``, ``_probe`` and ``_close_client``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -136,7 +136,12 @@ class RemoteTier(AsyncTier):
             raise ConfigError("index_capacity", f"expected an integer >= 1, got {index_capacity!r}")
         self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys)
         self.ns_tag = codec.namespace_tag(context.namespace)
+        #: This namespace's block headers (``self.headers(key, payload)``).
+        self.headers = codec.HeaderMaker(self.ns_tag, self.block_bytes)
         self._breakers: dict[str, CircuitBreaker] = {}
+        # Keys spread over several servers (a Redis Cluster, p2p peers): routed one by one.
+        # Otherwise every key is on route "" and the per-key routing calls are skipped.
+        self._routed = type(self)._route is not RemoteTier._route
         self._local = threading.local()
         self._clients: list[Any] = []
         self._checkers = 0
@@ -176,11 +181,8 @@ class RemoteTier(AsyncTier):
     # -- helpers for subclasses -------------------------------------------------------------------
     def _blob_parts(self, key: BlockKey, slot: int) -> tuple[bytes, memoryview]:
         """The codec header and a zero-copy view of the payload of ``slot`` (stored as ``key``)."""
-        payload = memoryview(self.slot_array(slot).data)
-        head = codec.encode_header(
-            bytes(key), payload.nbytes, codec.payload_checksum(bytes(key), self.ns_tag, payload), self.ns_tag
-        )
-        return head, payload
+        payload = self.slot_array(slot).data
+        return self.headers(bytes(key), payload), payload
 
     def _fill(self, key: BlockKey, slot: int, blob: bytes | memoryview | bytearray | None) -> bool:
         """Verify ``blob`` (``None`` = missing) and copy its payload into ``slot``; ``False`` for a
@@ -298,6 +300,26 @@ class RemoteTier(AsyncTier):
                 self.index.clear_pending()
         return answer
 
+    def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
+        """:meth:`lookup` of each key; on one server with a closed breaker, the keys the index
+        knows are answered in one pass under one lock hold (the same answers and counts)."""
+        if self._routed:
+            return [self.lookup(k, req_context) for k in keys]
+        hit = LookupResult.HIT
+        with self._lock:
+            br = self._breakers.get("")
+            if br is not None and not br.peek():
+                answers: list[LookupResult | None] = [None] * len(keys)
+            else:
+                known = self.index.known
+                answers = [hit if k in known else None for k in keys]
+                hits = len(keys) - answers.count(None)
+                self.stats.lookups += hits
+                self.stats.hits += hits
+        return [
+            a if a is not None else self.lookup(k, req_context) for k, a in zip(keys, answers, strict=True)
+        ]
+
     def touch(self, keys: Iterable[BlockKey]) -> None:
         with self._lock:
             for key in keys:
@@ -320,36 +342,36 @@ class RemoteTier(AsyncTier):
 
     # -- AsyncTier hooks -------------------------------------------------------------------------------
     def _before_store(self, state: JobState) -> None:
-        keep, held, refused = [], [], 0
-        allowed: dict[str, bool] = {}
-        for key, slot in state.items:
-            if key in self.index.known:
-                held.append(key)  # a hint: keys name content, so a known key needs no write
-                continue
-            route = self._route(key)
-            if route not in allowed:
-                allowed[route] = self.breaker(route).allow()
-            if allowed[route]:
-                keep.append((key, slot))
-            else:
-                refused += 1
+        known = self.index.known
+        # A hint: keys name content, so a known key needs no write.
+        held = [key for key, _ in state.items if key in known]
+        new = [(key, slot) for key, slot in state.items if key not in known] if held else state.items
+        keep, refused = self._allowed(new)
         state.ok.update(held)
         state.items = keep
         if refused:
             self.stats.dropped_stores += refused
             state.error = state.error or "server unreachable (circuit breaker open); store dropped"
 
-    def _before_load(self, state: JobState) -> None:
-        keep, refused = [], 0
+    def _allowed(self, items: list[Item]) -> tuple[list[Item], int]:
+        """The items whose route's breaker lets an operation through, and how many it refused
+        (each breaker asked once)."""
+        if not items:
+            return items, 0  # no operation: a breaker asked now would make a trial of nothing
+        if not self._routed:
+            return (items, 0) if self.breaker("").allow() else ([], len(items))
+        keep: list[Item] = []
         allowed: dict[str, bool] = {}
-        for key, slot in state.items:
+        for key, slot in items:
             route = self._route(key)
             if route not in allowed:
                 allowed[route] = self.breaker(route).allow()
             if allowed[route]:
                 keep.append((key, slot))
-            else:
-                refused += 1
+        return keep, len(items) - len(keep)
+
+    def _before_load(self, state: JobState) -> None:
+        keep, refused = self._allowed(state.items)
         state.items = keep
         if refused:
             state.error = state.error or "server unreachable (circuit breaker open)"
@@ -359,8 +381,7 @@ class RemoteTier(AsyncTier):
         if outcome.done:
             with self._lock:
                 self.index.warm = True
-                for key in outcome.done:
-                    self.index.add(key)
+                self.index.add_many(outcome.done)
         return outcome
 
     def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
@@ -368,11 +389,11 @@ class RemoteTier(AsyncTier):
         if outcome.done:
             with self._lock:
                 self.index.warm = True
-                for key in outcome.done:
-                    self.index.add(key)
-        if outcome.error is None and len(outcome.done) < len({k for k, _ in items}):
+                self.index.add_many(outcome.done)
+        if outcome.error is None and len(outcome.done) < len(items):
             missing = len({k for k, _ in items}) - len(set(outcome.done))
-            return ChunkOutcome(outcome.done, outcome.nbytes, f"{missing} key(s) missing or corrupt")
+            if missing:
+                return ChunkOutcome(outcome.done, outcome.nbytes, f"{missing} key(s) missing or corrupt")
         return outcome
 
     def _close_resources(self) -> None:
@@ -393,8 +414,11 @@ class RemoteTier(AsyncTier):
         if isinstance(ready, TierError):
             return ChunkOutcome(error=str(ready))
         groups: dict[str, list[Item]] = {}
-        for key, slot in items:
-            groups.setdefault(self._route(key), []).append((key, slot))
+        if not self._routed:
+            groups[""] = items
+        else:
+            for key, slot in items:
+                groups.setdefault(self._route(key), []).append((key, slot))
         done: list[BlockKey] = []
         nbytes = 0
         error: str | None = None
