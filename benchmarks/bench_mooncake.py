@@ -22,6 +22,13 @@ block size (default 256 KiB, 1 MiB and 2 MiB, 32 blocks each):
 (the strongest reference: whichever batching the raw client does best on this machine);
 ``..._vs_one_call`` and ``..._vs_chunked`` against each variant alone.
 
+* **format** (not a reference: a ceiling): the same raw client moving the blocks *in the block
+  format* with nothing else -- each payload's header (one xxh3 pass) written in front of it, one
+  call for the job, and on load the header recomputed and compared -- from padded rows like the
+  tier's. ``ceiling`` maps ``store_<size>`` / ``load_<size>`` to format / raw: what the checksum
+  and the header (40 + key bytes more per object) cost by themselves, before any engine work;
+  ``..._vs_format`` is the tier against it (the engine's own share).
+
 Each round runs the three stores back to back, then the three loads, in an order rotated from
 round to round; ``--warmup`` rounds run first and are not counted, then at least ``--repeat``
 rounds are, and more (up to ``--max-rounds``) while the size has run less than ``--seconds``.
@@ -47,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from benchstats import paired_ratio, rounds  # benchmarks/benchstats.py, next to this script
+from kvtier import codec
 from kvtier.config import row_stride
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
@@ -105,6 +113,58 @@ class _Raw:
         return dt
 
 
+class _Format:
+    """The raw client and the block format, nothing else: rows of ``block_bytes`` after a page of
+    room (the tier's in-place layout); the header ends where the payload starts."""
+
+    PAD = 4096
+
+    def __init__(self, client: Any, data: np.ndarray, ns: str) -> None:
+        n, bb = data.shape
+        self.client, self.data, self.n, self.bb = client, data, n, bb
+        self.buf = np.zeros((2 * n, self.PAD + bb), dtype=np.uint8)
+        self.buf[:n, self.PAD :] = data
+        self.make = codec.HeaderMaker(codec.namespace_tag(ns), bb)
+        self.mv = self.buf.reshape(-1).data
+        self.base, self.stride = int(self.buf.ctypes.data), self.PAD + bb
+
+    def _objects(self, keys: list[BlockKey], first: int) -> tuple[list[int], list[int]]:
+        ptrs, sizes = [], []
+        for i, key in enumerate(keys):
+            at = (first + i) * self.stride + self.PAD
+            ptrs.append(self.base + at - codec.FIXED_HEADER_SIZE - len(key))
+            sizes.append(codec.FIXED_HEADER_SIZE + len(key) + self.bb)
+        return ptrs, sizes
+
+    def store(self, keys: list[BlockKey], names: list[str]) -> float:
+        mv, make, bb = self.mv, self.make, self.bb
+        t0 = time.perf_counter()
+        for i, key in enumerate(keys):
+            at = i * self.stride + self.PAD
+            mv[at - codec.FIXED_HEADER_SIZE - len(key) : at] = make(key, mv[at : at + bb])
+        codes = self.client.batch_put_from(names, *self._objects(keys, 0))
+        dt = time.perf_counter() - t0
+        if any(codes):
+            raise RuntimeError(f"format batch_put_from answered {codes[:4]}")
+        return dt
+
+    def load(self, keys: list[BlockKey], names: list[str]) -> float:
+        mv, make, bb, n = self.mv, self.make, self.bb, self.n
+        t0 = time.perf_counter()
+        ptrs, sizes = self._objects(keys, n)
+        codes = self.client.batch_get_into(names, ptrs, sizes)
+        good = 0
+        for i, (key, code) in enumerate(zip(keys, codes, strict=True)):
+            at = (n + i) * self.stride + self.PAD
+            hlen = codec.FIXED_HEADER_SIZE + len(key)
+            good += code == hlen + bb and mv[at - hlen : at].tobytes() == make(key, mv[at : at + bb])
+        dt = time.perf_counter() - t0
+        if good != n or not np.array_equal(self.buf[n:, self.PAD :], self.data):
+            raise RuntimeError(f"format batch_get_into failed or returned wrong bytes ({codes[:4]})")
+        self.buf[n:] = 0  # zeroed here, not right before the timed call (see _Raw.load)
+        return dt
+
+
 class _Tier:
     """The same blocks through the engine and its mooncake tier."""
 
@@ -143,25 +203,30 @@ class _Tier:
 
 
 #: The variants of one round, by the name their time is reported under.
-_STORES = ("store", "raw_store_chunked", "raw_store_one")
-_LOADS = ("load", "raw_load_chunked", "raw_load_one")
+_STORES = ("store", "raw_store_chunked", "raw_store_one", "format_store")
+_LOADS = ("load", "raw_load_chunked", "raw_load_one", "format_load")
+#: Name suffixes of the raw and format variants' objects.
+_SUFFIXES = ("c", "o", "f")
 
 
-def _round(tier: _Tier, raw: _Raw, keys: list[BlockKey], names: list[str], r: int) -> dict[str, float]:
-    """One round: the three stores back to back, then the three loads, the order rotated by round
+def _round(
+    tier: _Tier, raw: _Raw, fmt: _Format, keys: list[BlockKey], names: list[str], r: int
+) -> dict[str, float]:
+    """One round: the four stores back to back, then the four loads, the order rotated by round
     (so no variant always runs first, or right after another)."""
-    chunked = [f"{x}-c" for x in names]
-    one = [f"{x}-o" for x in names]
+    chunked, one, framed = ([f"{x}-{m}" for x in names] for m in _SUFFIXES)
     run: dict[str, Any] = {
         "store": lambda: tier.store(keys), "load": lambda: tier.load(keys),
         "raw_store_chunked": lambda: raw.store(chunked, False),
         "raw_load_chunked": lambda: raw.load(chunked, False),
         "raw_store_one": lambda: raw.store(one, True), "raw_load_one": lambda: raw.load(one, True),
+        "format_store": lambda: fmt.store(keys, framed), "format_load": lambda: fmt.load(keys, framed),
     }  # fmt: skip
-    k = r % 3
+    v = len(_STORES)
+    k = r % v
     order = [*_STORES[k:], *_STORES[:k], *_LOADS[k:], *_LOADS[:k]]
-    if (r // 3) % 2:
-        order = [*reversed(order[:3]), *reversed(order[3:])]
+    if (r // v) % 2:
+        order = [*reversed(order[:v]), *reversed(order[v:])]
     return {what: run[what]() for what in order}
 
 
@@ -199,16 +264,20 @@ def bench_size(
             mtier = eng.tiers[0]
             assert isinstance(mtier, MooncakeTier)
             tier, raw = _Tier(eng, data), _Raw(client, pool, buf, per)
+            fmt = _Format(client, data, mtier.context.namespace)
+            if client.register_buffer(int(fmt.buf.ctypes.data), int(fmt.buf.nbytes)) != 0:
+                raise RuntimeError("register_buffer failed")
             for r in rounds(warmup + repeat, warmup + max_rounds, seconds):
                 keys = [BlockKey(f"b{block_bytes}/{r}/{i}".encode()) for i in range(blocks)]
                 names = [f"raw-{os.getpid()}/{block_bytes}/{r}/{i}" for i in range(blocks)]
-                times = _round(tier, raw, keys, names, r)
+                times = _round(tier, raw, fmt, keys, names, r)
                 # Fresh keys every round; removed after it, so the store never fills.
                 client.batch_remove([mtier._name(k) for k in keys], True)
-                client.batch_remove([f"{x}-{m}" for x in names for m in "co"], True)
+                client.batch_remove([f"{x}-{m}" for x in names for m in _SUFFIXES], True)
                 if r >= warmup:
                     done.append(times)
             stats, data_path = mtier.get_stats(), mtier.config_info()["data_path"]
+            client.unregister_buffer(int(fmt.buf.ctypes.data))
     finally:
         client.unregister_buffer(int(buf.ctypes.data))
     # The headline reference is the faster raw variant of each round (the strongest one).
@@ -228,6 +297,8 @@ def bench_size(
         ("store", "store", "raw_store_best"), ("load", "load", "raw_load_best"),
         ("store_vs_one_call", "store", "raw_store_one"), ("load_vs_one_call", "load", "raw_load_one"),
         ("store_vs_chunked", "store", "raw_store_chunked"), ("load_vs_chunked", "load", "raw_load_chunked"),
+        ("store_vs_format", "store", "format_store"), ("load_vs_format", "load", "format_load"),
+        ("ceiling_store", "format_store", "raw_store_best"), ("ceiling_load", "format_load", "raw_load_best"),
     ):  # fmt: skip
         ratio, spread = paired_ratio([t[raw_key] for t in done], [t[tier_key] for t in done])
         out[f"ratio_{name}"] = ratio
@@ -247,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=8, help="measured rounds per size, at least (default 8)")
     ap.add_argument(
-        "--seconds", type=float, default=9.0,
-        help="more rounds (up to --max-rounds) while a size has run less than this (default 9)",
+        "--seconds", type=float, default=13.0,
+        help="more rounds (up to --max-rounds) while a size has run less than this (default 13)",
     )  # fmt: skip
     ap.add_argument(
         "--max-rounds", type=int, default=60, help="measured rounds per size, at most (default 60)"
@@ -304,11 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         tag = _size_tag(r["block_bytes"])
         ratios[f"store_{tag}"] = round(r["ratio_store"], 3)
         ratios[f"load_{tag}"] = round(r["ratio_load"], 3)
-        for against in ("one_call", "chunked"):
+        for against in ("one_call", "chunked", "format"):
             ratios[f"store_{tag}_vs_{against}"] = round(r[f"ratio_store_vs_{against}"], 3)
             ratios[f"load_{tag}_vs_{against}"] = round(r[f"ratio_load_vs_{against}"], 3)
     spread = {f"{k}_{_size_tag(r['block_bytes'])}": v for r in results for k, v in r["spread"].items()}
-    doc = {"bench": "mooncake", "results": results, "ratios": ratios, "spread": spread}
+    ceiling = {
+        f"{op}_{_size_tag(r['block_bytes'])}": round(r[f"ratio_ceiling_{op}"], 3)
+        for r in results
+        for op in ("store", "load")
+    }
+    doc = {"bench": "mooncake", "results": results, "ratios": ratios, "ceiling": ceiling, "spread": spread}
     if args.json:
         print(json.dumps(doc))
     else:
