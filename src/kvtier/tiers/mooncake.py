@@ -270,7 +270,7 @@ class MooncakeTier(RemoteTier):
         done: list[BlockKey] = []
         error: str | None = None
         # Locals: this loop runs once per block, where attribute lookups add up.
-        bb, mv, make, prefix, rewrite = self.block_bytes, self._mv, self.headers, self._prefix, self._rewrite
+        bb, mv, make, name_of, rewrite = self.block_bytes, self._mv, self.headers, self._name, self._rewrite
         in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
@@ -291,7 +291,7 @@ class MooncakeTier(RemoteTier):
                 if self._upsert(client, key, head, payload):
                     done.append(key)
                 continue
-            names.append(prefix + key.hex())
+            names.append(name_of(key))
             keys.append(key)
             if ptr is not None:
                 ptrs.append(ptr)
@@ -342,13 +342,13 @@ class MooncakeTier(RemoteTier):
         ptrs: list[Any] = []
         sizes: list[Any] = []
         want: list[tuple[BlockKey, int, int, int]] = []
-        bb, mv, prefix = self.block_bytes, self._mv, self._prefix
+        bb, mv, name_of = self.block_bytes, self._mv, self._name
         in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
             if hlen > HEADER_ROW:
                 continue  # never stored (too long): a miss
-            names.append(prefix + key.hex())
+            names.append(name_of(key))
             want.append((key, slot, hlen, i))
             if in_place and slot:
                 ptrs.append(base + slot * stride - hlen)
