@@ -8,11 +8,12 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
 import pytest
+from polling import wait_for
 
 from kvtier.keys import LookupResult
 
@@ -170,15 +171,6 @@ def test_any_registered_policy_bounds_the_tier(tmp_path: Path, policy: str) -> N
         t.shutdown()
 
 
-def _until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_tiers_sharing_a_root_see_each_others_stores_and_evictions(tmp_path: Path) -> None:
     pa, pb = h.aligned_primary(4, BLOCK), h.aligned_primary(4, BLOCK)
     probe = h.make_tier(pa, tmp_path)
@@ -190,7 +182,7 @@ def test_tiers_sharing_a_root_see_each_others_stores_and_evictions(tmp_path: Pat
         k = h.key_of("shared")
         assert h.store(a, pa, [k]).success
         # No explicit refresh: b's maintenance thread picks up a's event within refresh_interval.
-        assert _until(lambda: b.lookup(k) is LookupResult.HIT)
+        assert wait_for(lambda: b.lookup(k) is LookupResult.HIT)
         res = h.load(b, pb, [k])
         assert res.success and pb.block(0).tobytes() == h.payload_of(k, BLOCK).tobytes()
         # b fills the shared capacity; the least recently used block (k, loaded before these) goes,
@@ -198,8 +190,8 @@ def test_tiers_sharing_a_root_see_each_others_stores_and_evictions(tmp_path: Pat
         others = [h.key_of(f"b{i}") for i in range(3)]
         assert h.store(b, pb, others).success
         assert not os.path.exists(b.layout.path_of(k))
-        assert _until(lambda: a.lookup(k) is LookupResult.MISS)
-        assert _until(lambda: all(a.lookup(o) is LookupResult.HIT for o in others))
+        assert wait_for(lambda: a.lookup(k) is LookupResult.MISS)
+        assert wait_for(lambda: all(a.lookup(o) is LookupResult.HIT for o in others))
         assert a.usage().published == 3 * size == sum(h.block_files(a.layout.ns_dir).values())
     finally:
         a.shutdown()
@@ -219,7 +211,7 @@ def test_lowering_max_bytes_shrinks_the_tree_on_restart(tmp_path: Path) -> None:
     t = h.make_tier(primary, tmp_path, max_bytes=3 * size)
     try:
         assert t.wait_scan(30)
-        assert _until(lambda: t.usage().published <= 3 * size)
+        assert wait_for(lambda: t.usage().published <= 3 * size)
         assert sum(h.block_files(t.layout.ns_dir).values()) == t.usage().published == 3 * size
         assert [t.lookup(k) for k in keys] == [LookupResult.MISS] * 3 + [LookupResult.HIT] * 3
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from polling import wait_for
 from remote_servers import redis_server
 
 from kvtier.engine import Engine
@@ -19,15 +20,6 @@ from kvtier.keys import BlockKey
 from kvtier.p2p.directory import PeerDirectory
 
 BB = 4096
-
-
-def wait_for(cond, seconds: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_store_publishes_eviction_removes_and_entries_expire(

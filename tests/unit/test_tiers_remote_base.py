@@ -189,3 +189,64 @@ def test_add_many_is_add_of_each_key(ops: list[tuple[str, list[int]]], capacity:
         assert list(one.known) == list(many.known)
         probe = [BlockKey(bytes([i])) for i in range(13)]
         assert [one.lookup(k, t) for k in probe] == [many.lookup(k, t) for k in probe]
+
+
+def test_a_stale_listing_or_check_never_brings_back_a_dropped_key() -> None:
+    """A listing that saw a key before a load dropped it as corrupt must not make it HIT again."""
+    idx = ExistenceIndex(negative_ttl=1.0)
+    idx.warm = True
+    other = BlockKey(b"other")
+    assert idx.lookup(K, 0) is LookupResult.MISS  # queued for a check
+    queued = idx.take_queue(10)
+    idx.add(K)
+    idx.forget(K, 0.1)  # dropped as corrupt while the listing and the check ran
+    assert idx.add_found([K, other], 0.2) == [other]
+    idx.resolve(queued, [True], 0.3)
+    assert idx.lookup(K, 0.4) is LookupResult.MISS and idx.lookup(other, 0.4) is LookupResult.HIT
+    assert idx.add_found([K], 1.2) == [K]  # after negative_ttl a listing is believed again
+    assert idx.lookup(K, 1.3) is LookupResult.HIT
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "forget", "found", "check"]), st.integers(0, 5), st.integers(0, 3)),
+        max_size=40,
+    )
+)
+def test_found_keys_never_override_a_fresh_miss(ops: list[tuple[str, int, int]]) -> None:
+    """Against a model: a key is HIT iff this instance added it, or something found it while it was
+    not known missing, and nothing forgot it since; forgotten keys stay MISS for negative_ttl."""
+    ttl = 2.0
+    idx = ExistenceIndex(negative_ttl=ttl)
+    idx.warm = True
+    known: set[int] = set()
+    missing_until: dict[int, float] = {}
+    now = 0.0
+    for op, i, dt in ops:
+        now += dt * 0.5
+        key = BlockKey(bytes([i]))
+        if op == "add":
+            idx.add(key)
+            known.add(i)
+            missing_until.pop(i, None)
+        elif op == "forget":
+            idx.forget(key, now)
+            known.discard(i)
+            missing_until[i] = now + ttl
+        elif op == "found":
+            added = idx.add_found([key], now)
+            fresh_miss = missing_until.get(i, -1.0) > now
+            assert added == ([] if fresh_miss else [key])
+            if not fresh_miss:
+                known.add(i)
+        else:
+            idx.resolve([key], [True], now)
+            if missing_until.get(i, -1.0) <= now:
+                known.add(i)
+        for j in range(6):
+            probe = BlockKey(bytes([j]))
+            if j in known:
+                assert idx.lookup(probe, now) is LookupResult.HIT
+            elif missing_until.get(j, -1.0) > now:
+                assert idx.lookup(probe, now) is LookupResult.MISS

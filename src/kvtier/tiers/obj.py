@@ -469,9 +469,10 @@ class ObjTier(RemoteTier):
                     found.append((obj["LastModified"], key, int(obj["Size"])))
         found.sort(key=lambda t: t[0])  # oldest first: the eviction order of max_bytes
         with self._lock:
+            # A key dropped or evicted while the listing ran stays out (see remote_index).
+            listed = set(self.index.add_found([key for _, key, _ in found], self.context.clock()))
             for _, key, size in found:
-                self.index.add(key)
-                if self.max_bytes is not None and key not in self._sizes:
+                if self.max_bytes is not None and key in listed and key not in self._sizes:
                     self._sizes[key] = size
                     self._bytes += size
         self._trim()

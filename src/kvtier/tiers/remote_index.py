@@ -21,6 +21,12 @@ What an unknown key answers is the ``unknown`` policy:
 * ``"miss"``: ``MISS``, no check (an instance then only sees what it stored itself, loaded, or
   what a listing found).
 
+A listing or a check runs on a worker while jobs go on, so what it reports can be older than what
+the tier learnt meanwhile (a load dropped the key as corrupt, the tier evicted it). *Found* keys
+(:meth:`~ExistenceIndex.add_found`, :meth:`~ExistenceIndex.resolve`) therefore never override an
+unexpired ``absent`` entry: the key stays MISS until ``negative_ttl`` passes and is checked again.
+Only the tier's own stores and loads (:meth:`~ExistenceIndex.add`) do.
+
 Not thread-safe on its own: the tier calls it under its lock.
 """
 
@@ -93,10 +99,10 @@ class ExistenceIndex:
         for key, present in zip(keys, exists, strict=True):
             self._pending.discard(key)
             self._cold.discard(key)
-            if present:
-                self.add(key)
-            else:
+            if not present:
                 self.forget(key, now)
+            elif not self._missing(key, now):  # not forgotten while the check ran
+                self.add(key)
 
     def abandon(self, keys: Iterable[BlockKey]) -> None:
         """A check failed: the keys are unknown again (a later lookup queues them again)."""
@@ -122,6 +128,16 @@ class ExistenceIndex:
             known.move_to_end(key)
         while len(known) > self.capacity:
             known.popitem(last=False)
+
+    def add_found(self, keys: Iterable[BlockKey], now: float) -> list[BlockKey]:
+        """A listing found ``keys``: :meth:`add` those not known missing since; returns them."""
+        found = [key for key in keys if not self._missing(key, now)]
+        self.add_many(found)
+        return found
+
+    def _missing(self, key: BlockKey, now: float) -> bool:
+        expiry = self._absent.get(key)
+        return expiry is not None and now < expiry
 
     def forget(self, key: BlockKey, now: float) -> None:
         """``key`` does not exist (evicted by the server, never written, corrupt and removed)."""
