@@ -12,9 +12,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+from selfsigned import self_signed
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey, LookupCode
@@ -153,3 +155,39 @@ def test_a_bad_peer_fails_only_its_keys_within_the_deadline(mode: str, good_peer
             assert engine.load_blocks(good_keys, out) == 3 and np.array_equal(out, data)
     finally:
         bad.close()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_connection_the_peer_closed_while_idle_is_replaced(tls: bool, tmp_path: Path) -> None:
+    """The peer ends a connection idle past its ``idle_timeout``: the next fetch goes over a new
+    connection instead of failing on the dead one, and a connection in use is kept (TLS too,
+    where session tickets arrive after the handshake)."""
+    keys = [BlockKey(b"idle-key-%02d" % i) for i in range(3)]
+    data = np.random.default_rng(6).integers(0, 256, size=(3, BB), dtype=np.uint8)
+    serve: dict[str, object] = {"port": 0, "idle_timeout": 0.5}
+    reader_tier = {"type": "p2p", "secret_env": "KVTIER_P2P_SECRET", "op_timeout": 1.0, "threads": 1}
+    if tls:
+        crt, key = (str(p) for p in self_signed(tmp_path))
+        serve.update(tls_cert=crt, tls_key=key)
+        reader_tier["tls_ca"] = crt
+    holder_cfg = {"type": "p2p", "secret_env": "KVTIER_P2P_SECRET", "serve": serve}
+    with Engine({"block_bytes": BB, "cpu_bytes_to_use": BB * 8, "secondary_tiers": [holder_cfg]}) as holder:
+        holder.store_blocks(keys, data)
+        service = holder.serving.block_service
+        reader_tier["peers"] = [service.address]
+        cfg = {"block_bytes": BB, "cpu_bytes_to_use": BB * 8, "secondary_tiers": [reader_tier]}
+        with Engine(cfg) as reader:
+
+            def fetched(i: int) -> None:
+                assert settle(reader, keys[i : i + 1], 10) == bytes([LookupCode.HIT])
+                out = np.zeros((1, BB), dtype=np.uint8)
+                assert reader.load_blocks(keys[i : i + 1], out) == 1 and np.array_equal(out[0], data[i])
+
+            fetched(0)
+            fetched(1)  # at once: the same connection
+            assert service.server.stats["connections"] == 1, service.server.stats
+            time.sleep(1.0)  # the peer closes it
+            fetched(2)
+            assert service.server.stats["connections"] == 2, service.server.stats
+            stats = reader.tiers[0].get_stats()
+            assert stats["failed_jobs"] == 0 and stats["breaker_opens"] == 0, stats

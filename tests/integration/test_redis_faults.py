@@ -194,3 +194,40 @@ def test_lookup_many_answers_and_counts_like_lookup(tmp_path: Path) -> None:
     finally:
         tier.shutdown()
         server.kill()
+
+
+@pytest.mark.parametrize("how", ["client_kill", "restart"])
+def test_a_connection_the_server_closed_while_idle_is_replaced(tmp_path: Path, how: str) -> None:
+    """The server drops the tier's idle connections (CLIENT KILL, or a restart on the same port):
+    the next job succeeds on a new connection instead of failing on the dead one."""
+    import redis
+
+    server = RedisServer(tmp_path / "r")
+    primary = PrimaryBuffer.heap(8, 8192, 5000)
+    written = primary.fill_random(range(4), seed=3)
+    one = {**OPTS, "threads": 1}  # one worker, one connection: the one the server closes
+    tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **one)
+    d = Driver(tier, primary)
+    try:
+        held = keys("idle", 2)
+        assert d.run(held, [0, 1], load=False).success
+        if how == "client_kill":
+            admin = redis.Redis.from_url(server.url)
+            assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+            admin.close()
+        else:
+            server.kill()
+            server.start()  # empty now: the next job stores again
+        time.sleep(0.2)  # the close reaches this side
+        if how == "client_kill":
+            result = d.run(held, [4, 5], load=True)
+            assert result.success, result.error
+            assert primary.block(4).tobytes() == written[0] and primary.block(5).tobytes() == written[1]
+        else:
+            result = d.run(keys("after", 2), [2, 3], load=False)
+            assert result.success, result.error
+        stats = tier.get_stats()
+        assert stats["failed_jobs"] == 0 and stats["breaker_opens"] == 0, stats
+    finally:
+        tier.shutdown()
+        server.kill()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kvtier.p2p import protocol as P
 from kvtier.p2p.protocol import block_checksum
-from kvtier.p2p.sockio import is_plain, recv_flags, set_recv_timeout, use_kernel_timeouts
+from kvtier.p2p.sockio import is_plain, recv_flags, reusable, set_recv_timeout, use_kernel_timeouts
 
 __all__ = ["PeerConnection", "PeerRefusedError", "parse_peer"]
 
@@ -84,6 +84,10 @@ class PeerConnection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def reusable(self) -> bool:
+        """Whether this idle connection can take the next request (:func:`~kvtier.p2p.sockio.reusable`)."""
+        return reusable(self.sock)
 
     # -- requests ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes], timeout: float) -> list[bool]:

@@ -12,13 +12,14 @@ stalled peer still fails the call within the timeout (the kernel returns what it
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import struct
 import time
 from collections.abc import Sequence
 
-__all__ = ["is_plain", "recv_flags", "send_buffers", "set_recv_timeout", "use_kernel_timeouts"]
+__all__ = ["is_plain", "recv_flags", "reusable", "send_buffers", "set_recv_timeout", "use_kernel_timeouts"]
 
 #: Buffers per ``sendmsg`` (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
@@ -47,6 +48,39 @@ def set_recv_timeout(sock: socket.socket, timeout: float) -> None:
     if is_plain(sock):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
     else:
+        sock.settimeout(timeout)
+
+
+def reusable(sock: socket.socket) -> bool:
+    """Whether an idle request/response connection can take the next request.
+
+    Between requests nothing may arrive. A readable socket therefore means the peer closed it (a
+    restart, its idle timeout), reset it, or sent something unasked: in each case the next request
+    would fail or read out of step, so the caller opens a new connection instead (one ``poll``,
+    no I/O, when all is well). On TLS a record without data (a TLS 1.3 session ticket) also makes
+    the socket readable; it is consumed here by a non-blocking read and does not count.
+    """
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        readable = bool(poller.poll(0))
+    except (OSError, ValueError):  # closed already
+        return False
+    if is_plain(sock):
+        return not readable
+    assert isinstance(sock, ssl.SSLSocket)
+    if not readable and not sock.pending():
+        return True
+    timeout = sock.gettimeout()
+    try:
+        sock.settimeout(0)
+        sock.recv(1)  # b"" is the peer's close; a byte is data nobody asked for
+        return False
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return True  # only TLS housekeeping arrived
+    except OSError:
+        return False
+    finally:
         sock.settimeout(timeout)
 
 

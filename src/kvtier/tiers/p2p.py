@@ -67,6 +67,11 @@ class _Peers:
 
     def get(self, addr: str) -> PeerConnection:
         conn = self.conns.get(addr)
+        if conn is not None and not conn.reusable():
+            # The peer closed it while this worker did not need it (its idle timeout, a restart):
+            # a new connection now, not a failed job and a breaker strike.
+            self.drop(addr)
+            conn = None
         if conn is None:
             host, port = parse_peer(addr)
             t = self.tier

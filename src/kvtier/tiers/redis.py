@@ -347,7 +347,20 @@ class RedisTier(RemoteTier):
                 pool = self._conn_pool
             conn = pool.get_connection()
             client.by_route[route] = conn
+        elif conn._sock is not None and not self._reusable(conn):
+            # The server closed it while this worker did not need it (a restart, its idle
+            # `timeout`): reconnect before sending, as redis-py's own pool does, instead of
+            # failing the next job on a dead socket. The send below connects again.
+            conn.disconnect()
         return conn
+
+    @staticmethod
+    def _reusable(conn: Any) -> bool:
+        """Nothing to read on an idle connection (readable means closed, reset or out of step)."""
+        try:
+            return not conn.can_read(0)
+        except (rx.ConnectionError, OSError):
+            return False
 
     def _pipeline(self, client: _Conns, route: str, chunks: list[bytes], n: int) -> list[Any]:
         """Send ``chunks`` (``n`` packed commands) and read the ``n`` replies (:meth:`_exchange`)."""
