@@ -159,9 +159,19 @@ class MooncakeStore:
             f"-metadata_server={self.metadata_server}",
             "-protocol=tcp", f"-global_segment_size={self.segment}",
         ]  # fmt: skip
-        with open(log, "ab") as out:
-            self.holder = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=loopback_env())
-        _wait(self.holder, self.holder_port, "mooncake_client (holder)", log)
+        for attempt in range(3):
+            with open(log, "ab") as out:
+                self.holder = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=loopback_env())
+            try:
+                _wait(self.holder, self.holder_port, "mooncake_client (holder)", log)
+                return
+            except RuntimeError:
+                # On a loaded host the holder can give up registering with a master that has just
+                # started ("Client not available", after its own single retry) and exit; start it
+                # again. One still running but not listening after the timeout is a real fault.
+                if self.holder.poll() is None or attempt == 2:
+                    raise
+                time.sleep(0.5)
 
     def kill_holder(self) -> None:
         """SIGKILL the holder: its segment (and every object in it) is gone without a goodbye."""
