@@ -14,7 +14,7 @@ Shared by kvtier's config loader, ``kvtier check`` and the vLLM adapter
 * :func:`fs_threads`: vLLM's fs keys ``n_read_threads``/``n_write_threads`` in kvtier's fs terms.
 * :func:`inline_secrets`: which keys of an entry hold a secret in the JSON itself (vLLM logs it).
 * :func:`spec_block`: the ``kvtier`` block of a ``KvtierOffloadingSpec`` config
-  (:mod:`kvtier.integrations.vllm_spec`), with vLLM's keys refused where vLLM decides them.
+  (:mod:`kvtier.integrations.vllm.spec`), with vLLM's keys refused where vLLM decides them.
 * :func:`vllm_namespace`: kvtier's key namespace of a vLLM offloading config, so a model, KV layout,
   block size or dtype change never reuses old blocks.
 """
@@ -55,8 +55,14 @@ ADAPTER_CLASS = "KvtierTier"
 EXTRA = "kv_connector_extra_config"
 TIERING_SPEC = "TieringOffloadingSpec"
 CONNECTOR = "OffloadingConnector"
-SPEC_MODULE = "kvtier.integrations.vllm_spec"
+SPEC_MODULE = "kvtier.integrations.vllm"
 SPEC_CLASS = "KvtierOffloadingSpec"
+# Earlier configs name the spec's former module; it still loads.
+SPEC_MODULES = (SPEC_MODULE, "kvtier.integrations.vllm_spec")
+# kvtier's engine as vLLM's manager: on a GPU (vLLM's own copy worker) and on vLLM's CPU backend.
+SPEC_CLASSES = (SPEC_CLASS, "KvtierCPUOffloadingSpec")
+# vLLM's tiering (its CPU primary tier + secondary_tiers) on vLLM's CPU backend, kvtier's copy worker.
+CPU_TIERING_SPEC = "KvtierCPUTieringSpec"
 KVTIER_KEY = "kvtier"
 _WHERE = f"{EXTRA}.{KVTIER_KEY}"
 # kvtier keys the spec derives from vLLM: what to write instead.
@@ -348,7 +354,7 @@ def inline_secrets(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def is_spec_config(extra: Mapping[str, Any]) -> bool:
     """True when ``kv_connector_extra_config`` selects kvtier's own spec (``KvtierOffloadingSpec``)."""
-    return extra.get("spec_module_path") == SPEC_MODULE and extra.get("spec_name") == SPEC_CLASS
+    return extra.get("spec_module_path") in SPEC_MODULES and extra.get("spec_name") in SPEC_CLASSES
 
 
 def spec_block(extra: Mapping[str, Any]) -> dict[str, Any]:
