@@ -1,4 +1,4 @@
-"""kvtier.p2p.sockio on real loopback sockets: scatter-gather sends arrive whole and in order
+"""kvtier.tiers.remote.sockio on real loopback sockets: scatter-gather sends arrive whole and in order
 (partial sends resumed), kernel timeouts fail a stalled peer in bounded time."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.p2p.sockio import recv_flags, send_buffers, set_recv_timeout, use_kernel_timeouts
+from kvtier.tiers.remote.sockio import recv_flags, send_buffers, set_recv_timeout, use_kernel_timeouts
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:

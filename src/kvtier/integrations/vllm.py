@@ -71,7 +71,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config_vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
+from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult

@@ -52,7 +52,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import load_config
-from kvtier.config_vllm import spec_block, vllm_namespace
+from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy

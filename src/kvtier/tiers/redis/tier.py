@@ -17,7 +17,7 @@ logged (``config_info`` shows the URL without it).
   straight to the socket in one gather-write per value (no concatenation, no copy through a
   packer: redis-py's hiredis packer copies every argument and makes large ``SET``\\ s several
   times slower), pipelined per chunk and per server; reads are pipelined ``GET``\\ s whose values
-  are received straight into the slot and verified there (both in :mod:`kvtier.tiers.redis_wire`).
+  are received straight into the slot and verified there (both in :mod:`kvtier.tiers.redis.wire`).
   ``ttl`` (seconds) sets an expiry on every write.
 * **Capacity** is the server's: set ``maxmemory`` and an ``allkeys-*`` eviction policy on it. kvtier
   treats its own index as a hint: a key the server evicted is a miss, not an error; an out-of-memory
@@ -50,9 +50,9 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.redis_wire import BulkReader, send_vectored
-from kvtier.tiers.remote import RemoteTier, positive_number
-from kvtier.tiers.remote_errors import (
+from kvtier.tiers.redis.wire import BulkReader, send_vectored
+from kvtier.tiers.remote.base import RemoteTier, positive_number
+from kvtier.tiers.remote.errors import (
     ErrorMap,
     RemoteFullError,
     RemoteRejectedError,
@@ -247,7 +247,7 @@ class RedisTier(RemoteTier):
         checksum pass has just brought into the CPU cache (summing the whole chunk first would
         evict them again: one more trip to memory per block). Small pieces (command, key, header,
         a small payload) are joined; a large payload is sent as the slot's own memory, in one
-        group with the small piece before it (:func:`~kvtier.tiers.redis_wire.send_vectored`).
+        group with the small piece before it (:func:`~kvtier.tiers.redis.wire.send_vectored`).
         """
         tail = b"\r\n" if self.ttl_ms is None else b"\r\n" + _bulk(b"PX") + _bulk(b"%d" % self.ttl_ms)
         argc = b"*3\r\n$3\r\nSET\r\n" if self.ttl_ms is None else b"*5\r\n$3\r\nSET\r\n"
@@ -265,7 +265,7 @@ class RedisTier(RemoteTier):
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         """Pipelined ``GET``\\ s whose values are received straight into their slots
-        (:mod:`kvtier.tiers.redis_wire`: one copy, kernel to slot) and verified there."""
+        (:mod:`kvtier.tiers.redis.wire`: one copy, kernel to slot) and verified there."""
         packed = b"".join(_command(b"GET", self._prefix + key) for key, _ in items)
         conn = self._connection(client, route)
         replies: list[Any] = []
