@@ -58,6 +58,7 @@ from kvtier.tiers.remote.errors import (
     RemoteRejectedError,
     RemoteTimeoutError,
 )
+from kvtier.tiers.remote.sockio import reusable
 from kvtier.transfer.workers import Priority
 
 __all__ = ["REDIS_ERRORS", "RedisTier"]
@@ -347,20 +348,14 @@ class RedisTier(RemoteTier):
                 pool = self._conn_pool
             conn = pool.get_connection()
             client.by_route[route] = conn
-        elif conn._sock is not None and not self._reusable(conn):
+        elif conn._sock is not None and not reusable(conn._sock):
             # The server closed it while this worker did not need it (a restart, its idle
             # `timeout`): reconnect before sending, as redis-py's own pool does, instead of
-            # failing the next job on a dead socket. The send below connects again.
+            # failing the next job on a dead socket. The send below connects again. Each exchange
+            # reads exactly its replies and a failed one disconnects, so redis-py's parser holds
+            # no bytes between requests: the socket alone tells (the check every tier shares).
             conn.disconnect()
         return conn
-
-    @staticmethod
-    def _reusable(conn: Any) -> bool:
-        """Nothing to read on an idle connection (readable means closed, reset or out of step)."""
-        try:
-            return not conn.can_read(0)
-        except (rx.ConnectionError, OSError):
-            return False
 
     def _pipeline(self, client: _Conns, route: str, chunks: list[bytes], n: int) -> list[Any]:
         """Send ``chunks`` (``n`` packed commands) and read the ``n`` replies (:meth:`_exchange`)."""
