@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvtier.cli.check import check_config
 from kvtier.config import load_config
-from kvtier.config_vllm import ADAPTER_CLASS, ADAPTER_MODULE, inline_secrets, split_adapter_entry
+from kvtier.config.vllm import ADAPTER_CLASS, ADAPTER_MODULE, inline_secrets, split_adapter_entry
 from kvtier.errors import ConfigError, PluginError
 
 # vLLM 0.33's own example config, verbatim from the TieringOffloadingSpec docstring (tiering/spec.py).

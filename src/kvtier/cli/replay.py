@@ -103,7 +103,7 @@ def _fail(exc: BaseException) -> int:
 @contextlib.contextmanager
 def _resolve(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
     """(trace path, config) for the run; temporary directories live for the ``with``."""
-    from kvtier.config_layers import CONFIG_ENV, resolve_config
+    from kvtier.config.layers import CONFIG_ENV, resolve_config
     from kvtier.sim.defaults import default_config, default_simulate_config, shipped_trace
 
     with contextlib.ExitStack() as stack:

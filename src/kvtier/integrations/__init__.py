@@ -7,5 +7,5 @@ Each integration lives in its own module and imports its engine lazily, so ``imp
 * :mod:`kvtier.integrations.vllm` (vLLM 0.32 CPU build, 0.33, 0.34): ``KvtierTier``, any kvtier tier
   as a vLLM secondary tier; ``KvtierOffloadingSpec``, kvtier's whole engine as vLLM's scheduler-side
   offloading manager; the ``KvtierCPU*`` specs, KV offloading on vLLM's CPU backend.
-  :mod:`kvtier.config_vllm` (beside config.py) reads vLLM's config and imports no vLLM.
+  :mod:`kvtier.config.vllm` (in the config package) reads vLLM's config and imports no vLLM.
 """

@@ -52,7 +52,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import load_config
-from kvtier.config_vllm import spec_block, vllm_namespace
+from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
@@ -74,7 +74,7 @@ def engine_config(offloading_config: Any, *, num_chunks: int, kv_bytes_per_chunk
 
     The user's ``kvtier`` block plus what vLLM decides: ``num_chunks`` slots of
     ``kv_bytes_per_chunk`` bytes (vLLM's rounded-up chunk, every worker's page side by side), a
-    ``model`` that carries :func:`~kvtier.config_vllm.vllm_namespace`'s fingerprint (model, dtype, KV
+    ``model`` that carries :func:`~kvtier.config.vllm.vllm_namespace`'s fingerprint (model, dtype, KV
     groups, chunk size, parallel layout), so a layout change never reuses old blocks, and, with a
     ``cost_model``, ``tokens_per_block`` = tokens of one chunk unless given. Raises a one-line
     :class:`~kvtier.errors.ConfigError` naming the key for anything that would configure nothing.

@@ -9,7 +9,7 @@ registration and no patch::
 ``tier`` names the kvtier tier (``fs`` by default; ``tier_module_path`` loads a third party's kvtier
 plug-in); every other key is that tier's option, except the ones the adapter consumes itself
 (``name``, ``cache_salt``, ``locality``, ``enable_kv_events``; see
-:func:`kvtier.config_vllm.split_adapter_entry`). vLLM's fs keys ``n_read_threads`` /
+:func:`kvtier.config.vllm.split_adapter_entry`). vLLM's fs keys ``n_read_threads`` /
 ``n_write_threads`` keep vLLM's meaning (their sum is kvtier fs's ``threads``).
 
 What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.py``):
@@ -38,7 +38,7 @@ vLLM owns its primary tier, so ``serve`` is refused and stores move nothing; hit
 
 Namespace: the kvtier tier's namespace is derived from the offloading spec (model, dtype, KV
 groups, block and chunk size, parallel layout, row size; see
-:func:`~kvtier.config_vllm.vllm_namespace`) plus ``cache_salt``, so a layout change
+:func:`~kvtier.config.vllm.vllm_namespace`) plus ``cache_salt``, so a layout change
 never reuses old blocks while two vLLM instances with the same layout share them. vLLM's keys
 (block hash + 4-byte big-endian group index) are passed to the tier unchanged.
 
@@ -71,7 +71,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config_vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
+from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult

@@ -32,14 +32,14 @@ from typing import Any, ClassVar
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
-from kvtier.p2p.directory import PeerDirectory
-from kvtier.p2p.protocol import ProtocolError, load_secret
-from kvtier.p2p.service import check_serve_options
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
-from kvtier.tiers.remote import RemoteTier
-from kvtier.tiers.remote_errors import ErrorMap, RemoteTimeoutError
+from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError, parse_peer
+from kvtier.tiers.p2p.directory import PeerDirectory
+from kvtier.tiers.p2p.protocol import ProtocolError, load_secret
+from kvtier.tiers.p2p.service import check_serve_options
+from kvtier.tiers.remote.base import RemoteTier
+from kvtier.tiers.remote.errors import ErrorMap, RemoteTimeoutError
 
 __all__ = ["P2P_ERRORS", "P2PTier"]
 
@@ -107,7 +107,7 @@ class P2PTier(RemoteTier):
         sim_peers / sim_peer_bytes: simulation only (:meth:`simulation`); checked, else unused.
     """
 
-    #: Marks a tier whose ``serve`` options start this engine's block server (kvtier.p2p.service).
+    #: Marks a tier whose ``serve`` options start this engine's block server (kvtier.tiers.p2p.service).
     p2p_serves: ClassVar[bool] = True
 
     persistent: ClassVar[bool] = False

@@ -9,7 +9,7 @@ back-pressure) and adds what a shared remote store needs:
   with an availability error is closed and rebuilt on next use.
 * **Routes and circuit breakers.** :meth:`RemoteTier._route` names the server a key lives on (``""``
   for one server; a Cluster node, a peer). Each route has a
-  :class:`~kvtier.tiers.remote_breaker.CircuitBreaker` fed by the outcome of every real operation
+  :class:`~kvtier.tiers.remote.breaker.CircuitBreaker` fed by the outcome of every real operation
   (never by a health call). While a route's breaker is open its keys answer MISS, its stores are
   dropped and counted (``dropped_stores``) and its loads fail at once; after ``breaker_reset`` s one
   trial goes through (the next job, or a :meth:`RemoteTier._probe` the tier starts itself when a
@@ -18,9 +18,9 @@ back-pressure) and adds what a shared remote store needs:
   connect/read timeout of every request, so a worker never waits longer than that per attempt; the
   engine thread never waits at all (lookups are answered from memory).
 * **One error map.** Everything a client raises goes through the class's ``error_map``
-  (:class:`~kvtier.tiers.remote_errors.ErrorMap`): unavailability trips the breaker and rebuilds the
+  (:class:`~kvtier.tiers.remote.errors.ErrorMap`): unavailability trips the breaker and rebuilds the
   client, "full" pauses stores for ``full_backoff`` s, anything else fails only the chunk.
-* **An existence index** (:class:`~kvtier.tiers.remote_index.ExistenceIndex`): known keys HIT,
+* **An existence index** (:class:`~kvtier.tiers.remote.index.ExistenceIndex`): known keys HIT,
   an unknown key answers MISS while a batched existence check runs on a worker (or RETRY, with
   ``unknown_keys: wait``), a checked-missing key stays MISS for ``negative_ttl`` s, then is checked
   again (so another instance's writes appear).
@@ -48,9 +48,9 @@ from kvtier.keys import BlockKey, LookupResult
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.remote_breaker import CircuitBreaker
-from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError
-from kvtier.tiers.remote_index import ExistenceIndex
+from kvtier.tiers.remote.breaker import CircuitBreaker
+from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
+from kvtier.tiers.remote.index import ExistenceIndex
 from kvtier.transfer.workers import Priority
 
 __all__ = ["RemoteTier", "positive_number"]

@@ -31,14 +31,14 @@ import numpy as np
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey
 from kvtier.netaddr import is_loopback, warn_if_exposed
-from kvtier.p2p import protocol as P
-from kvtier.p2p.protocol import block_checksum
-from kvtier.p2p.sockio import is_plain, send_buffers, set_recv_timeout, use_kernel_timeouts
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.protocol import block_checksum
 from kvtier.tiers.ratelog import RateLimitedLog
+from kvtier.tiers.remote.sockio import is_plain, send_buffers, set_recv_timeout, use_kernel_timeouts
 
 __all__ = ["BlockServer", "ServedEngine", "block_checksum", "is_loopback"]
 
-log = logging.getLogger("kvtier.p2p.server")
+log = logging.getLogger("kvtier.tiers.p2p.server")
 
 #: Error codes of ERROR frames.
 E_MISMATCH, E_AUTH, E_PROTOCOL, E_BUSY, E_INTERNAL = 1, 2, 3, 4, 5
@@ -68,7 +68,7 @@ class BlockServer:
     """Serve ``engine``'s primary blocks on ``host:port`` (``port`` 0: any free port).
 
     Args:
-        secret: the shared secret (see :func:`kvtier.p2p.protocol.load_secret`); never logged.
+        secret: the shared secret (see :func:`kvtier.tiers.p2p.protocol.load_secret`); never logged.
         layout: the layout fingerprint peers must present (same model and KV layout).
         ssl_context: a server-side context for TLS (``None``: plain TCP).
         max_connections: concurrent peer connections.
@@ -199,7 +199,7 @@ class BlockServer:
             if self.ssl_context is not None:
                 sock = self.ssl_context.wrap_socket(conn, server_side=True)
             if is_plain(sock):
-                use_kernel_timeouts(sock, self.io_timeout)  # one sendmsg per FETCH (p2p.sockio)
+                use_kernel_timeouts(sock, self.io_timeout)  # one sendmsg per FETCH (remote.sockio)
             if not self._handshake(sock, peer):
                 return
             self._request_loop(sock)

@@ -17,7 +17,7 @@ logged (``config_info`` shows the URL without it).
   straight to the socket in one gather-write per value (no concatenation, no copy through a
   packer: redis-py's hiredis packer copies every argument and makes large ``SET``\\ s several
   times slower), pipelined per chunk and per server; reads are pipelined ``GET``\\ s whose values
-  are received straight into the slot and verified there (both in :mod:`kvtier.tiers.redis_wire`).
+  are received straight into the slot and verified there (both in :mod:`kvtier.tiers.redis.wire`).
   ``ttl`` (seconds) sets an expiry on every write.
 * **Capacity** is the server's: set ``maxmemory`` and an ``allkeys-*`` eviction policy on it. kvtier
   treats its own index as a hint: a key the server evicted is a miss, not an error; an out-of-memory
@@ -50,14 +50,15 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.redis_wire import BulkReader, send_vectored
-from kvtier.tiers.remote import RemoteTier, positive_number
-from kvtier.tiers.remote_errors import (
+from kvtier.tiers.redis.wire import BulkReader, send_vectored
+from kvtier.tiers.remote.base import RemoteTier, positive_number
+from kvtier.tiers.remote.errors import (
     ErrorMap,
     RemoteFullError,
     RemoteRejectedError,
     RemoteTimeoutError,
 )
+from kvtier.tiers.remote.sockio import reusable
 from kvtier.transfer.workers import Priority
 
 __all__ = ["REDIS_ERRORS", "RedisTier"]
@@ -247,7 +248,7 @@ class RedisTier(RemoteTier):
         checksum pass has just brought into the CPU cache (summing the whole chunk first would
         evict them again: one more trip to memory per block). Small pieces (command, key, header,
         a small payload) are joined; a large payload is sent as the slot's own memory, in one
-        group with the small piece before it (:func:`~kvtier.tiers.redis_wire.send_vectored`).
+        group with the small piece before it (:func:`~kvtier.tiers.redis.wire.send_vectored`).
         """
         tail = b"\r\n" if self.ttl_ms is None else b"\r\n" + _bulk(b"PX") + _bulk(b"%d" % self.ttl_ms)
         argc = b"*3\r\n$3\r\nSET\r\n" if self.ttl_ms is None else b"*5\r\n$3\r\nSET\r\n"
@@ -265,7 +266,7 @@ class RedisTier(RemoteTier):
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         """Pipelined ``GET``\\ s whose values are received straight into their slots
-        (:mod:`kvtier.tiers.redis_wire`: one copy, kernel to slot) and verified there."""
+        (:mod:`kvtier.tiers.redis.wire`: one copy, kernel to slot) and verified there."""
         packed = b"".join(_command(b"GET", self._prefix + key) for key, _ in items)
         conn = self._connection(client, route)
         replies: list[Any] = []
@@ -347,20 +348,14 @@ class RedisTier(RemoteTier):
                 pool = self._conn_pool
             conn = pool.get_connection()
             client.by_route[route] = conn
-        elif conn._sock is not None and not self._reusable(conn):
+        elif conn._sock is not None and not reusable(conn._sock):
             # The server closed it while this worker did not need it (a restart, its idle
             # `timeout`): reconnect before sending, as redis-py's own pool does, instead of
-            # failing the next job on a dead socket. The send below connects again.
+            # failing the next job on a dead socket. The send below connects again. Each exchange
+            # reads exactly its replies and a failed one disconnects, so redis-py's parser holds
+            # no bytes between requests: the socket alone tells (the check every tier shares).
             conn.disconnect()
         return conn
-
-    @staticmethod
-    def _reusable(conn: Any) -> bool:
-        """Nothing to read on an idle connection (readable means closed, reset or out of step)."""
-        try:
-            return not conn.can_read(0)
-        except (rx.ConnectionError, OSError):
-            return False
 
     def _pipeline(self, client: _Conns, route: str, chunks: list[bytes], n: int) -> list[Any]:
         """Send ``chunks`` (``n`` packed commands) and read the ``n`` replies (:meth:`_exchange`)."""

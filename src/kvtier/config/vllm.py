@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvtier.config_files import read_config_file
+from kvtier.config.files import read_config_file
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyNamespace, make_namespace
 

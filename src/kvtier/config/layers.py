@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import KvtierConfig, load_config
+from kvtier.config.schema import KvtierConfig, load_config
 from kvtier.errors import ConfigError
 
 __all__ = [
@@ -186,7 +186,7 @@ def resolve_config(
 
 
 def _read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[Any, str, Path | None]:
-    from kvtier.config_files import check_depth, loads_json, read_config_file
+    from kvtier.config.files import check_depth, loads_json, read_config_file
 
     if isinstance(source, Mapping):
         check_depth(source, "config")  # before the deep copy, which recurses

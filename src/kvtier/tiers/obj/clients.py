@@ -1,5 +1,5 @@
 """One ``obj`` worker's S3 clients: boto3 for every kind of request, and the direct path
-(:mod:`kvtier.tiers.s3_wire`) for single-object ``GET`` and ``PUT`` where it can be used.
+(:mod:`kvtier.tiers.obj.s3_wire`) for single-object ``GET`` and ``PUT`` where it can be used.
 
 Contract:
     * :func:`direct_path` builds a worker's direct path aimed exactly where its boto3 client
@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import botocore.exceptions as bx
 from botocore.httpsession import get_cert_path
 
+from kvtier.tiers.obj.s3_wire import Endpoint, S3Wire
 from kvtier.tiers.ratelog import RateLimitedLog
-from kvtier.tiers.s3_wire import Endpoint, S3Wire
 
 __all__ = ["META", "META_HEADER", "ObjectBody", "WorkerClients", "direct_path", "open_object", "put_object"]
 

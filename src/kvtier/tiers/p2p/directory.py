@@ -22,7 +22,7 @@ import redis
 
 __all__ = ["DirectoryPublisher", "PeerDirectory"]
 
-log = logging.getLogger("kvtier.p2p.directory")
+log = logging.getLogger("kvtier.tiers.p2p.directory")
 
 # Delete the entry only when it still names this holder.
 _CAS_DELETE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"

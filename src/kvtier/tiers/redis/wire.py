@@ -42,7 +42,7 @@ from typing import Any
 
 import redis.exceptions as rx
 
-from kvtier.tiers.sockio import send_pieces
+from kvtier.tiers.remote.sockio import send_pieces
 
 __all__ = ["BulkReader", "send_vectored"]
 

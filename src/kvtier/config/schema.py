@@ -6,7 +6,7 @@ Loaded from a dict, a JSON or YAML file, or a JSON string (the form vLLM users p
 ``spec_name``, ``spec_module_path``; the fs tier's ``n_read_threads``/``n_write_threads``); a vLLM key
 with no kvtier meaning (``block_size`` counts tokens) is refused with what vLLM means by it and what
 to write instead. vLLM's whole ``--kv-transfer-config`` object is accepted too: it loads as the
-config of the kvtier tiers in it (:mod:`kvtier.config_vllm`).
+config of the kvtier tiers in it (:mod:`kvtier.config.vllm`).
 
 Every error is a one-line :class:`~kvtier.errors.ConfigError` whose message starts with the key path
 (``secondary_tiers[1].root_dir: ...``) and says what would be accepted.
@@ -216,7 +216,7 @@ _VLLM_AWARE_TIERS = ("fs", "example")
 
 
 def _vllm_tier_keys(ttype: str, options: dict[str, Any], path: str) -> dict[str, Any]:
-    from kvtier import config_vllm as vllm_config
+    from kvtier.config import vllm as vllm_config
 
     for key, value in options.items():
         if key == "backpressure" and not (isinstance(value, Mapping) and "backpressure_cls" in value):
@@ -275,7 +275,7 @@ def _parse_plugins(value: Any) -> PluginsConfig:
 def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("", f"config must be an object/mapping, got {type(raw).__name__}")
-    from kvtier import config_vllm as vllm_config
+    from kvtier.config import vllm as vllm_config
 
     if vllm_config.is_kv_transfer_config(raw):
         # vLLM's whole --kv-transfer-config: the kvtier tiers in it, keeping their index in vLLM's list.
@@ -364,7 +364,7 @@ def load_config(
     if isinstance(source, Mapping):
         return _from_mapping(source)
     text_or_path = os.fspath(source)
-    from kvtier.config_files import check_depth, loads_json, read_config_file
+    from kvtier.config.files import check_depth, loads_json, read_config_file
 
     if isinstance(source, str) and text_or_path.lstrip().startswith("{"):
         data = loads_json(text_or_path, "config JSON string", file=False)

@@ -3,7 +3,7 @@
 A :class:`PeerConnection` is used by one thread at a time (the p2p tier keeps one per worker and
 peer). Every call has a deadline, and no single read waits longer than the connect timeout, so a
 stalled peer raises :class:`TimeoutError` in bounded time, a dead one ``ConnectionError``, a garbling one
-:class:`~kvtier.p2p.protocol.ProtocolError`. After any exception the connection is unusable (the
+:class:`~kvtier.tiers.p2p.protocol.ProtocolError`. After any exception the connection is unusable (the
 stream position is unknown): close it and open a new one.
 """
 
@@ -16,9 +16,9 @@ import ssl
 import time
 from collections.abc import Sequence
 
-from kvtier.p2p import protocol as P
-from kvtier.p2p.protocol import block_checksum
-from kvtier.p2p.sockio import is_plain, recv_flags, reusable, set_recv_timeout, use_kernel_timeouts
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.protocol import block_checksum
+from kvtier.tiers.remote.sockio import is_plain, recv_flags, reusable, set_recv_timeout, use_kernel_timeouts
 
 __all__ = ["PeerConnection", "PeerRefusedError", "parse_peer"]
 
@@ -72,7 +72,7 @@ class PeerConnection:
                 ssl_context.wrap_socket(raw, server_hostname=host) if ssl_context is not None else raw
             )
             if is_plain(self.sock):
-                use_kernel_timeouts(self.sock, timeout)  # whole-block reads (kvtier.p2p.sockio)
+                use_kernel_timeouts(self.sock, timeout)  # whole-block reads (kvtier.tiers.remote.sockio)
             self._flags = recv_flags(self.sock)
             self._handshake(
                 P.Hello(P.PROTOCOL_VERSION, block_bytes, layout, namespace, P.new_nonce()), secret, deadline
@@ -86,7 +86,8 @@ class PeerConnection:
             self.sock.close()
 
     def reusable(self) -> bool:
-        """Whether this idle connection can take the next request (:func:`~kvtier.p2p.sockio.reusable`)."""
+        """Whether this idle connection can take the next request
+        (:func:`~kvtier.tiers.remote.sockio.reusable`)."""
         return reusable(self.sock)
 
     # -- requests ------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ RDMA. Config (docs/mooncake.md has a copyable one)::
   store; a master started with ``-enable_multi_tenants`` then isolates and meters tenants itself (a
   plain master ignores it, and the key prefix still separates them).
 * **Return codes** (the store reports failures as codes, not exceptions) are sorted by
-  :mod:`kvtier.tiers.mooncake_codes`: a missing key is a miss; "insufficient space" (or a tenant
+  :mod:`kvtier.tiers.mooncake.codes`: a missing key is a miss; "insufficient space" (or a tenant
   quota) drops the store, counts it in ``dropped_stores`` and pauses stores for ``full_backoff`` s; a
   failed transfer counts against the circuit breaker.
 * **A dead holder** is found from job outcomes: the master keeps saying the key exists for
@@ -79,11 +79,11 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, MisuseError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.tiers import mooncake_codes as mc
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.remote import RemoteTier
-from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError
+from kvtier.tiers.mooncake import codes as mc
+from kvtier.tiers.remote.base import RemoteTier
+from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
 from kvtier.transfer.workers import Priority
 
 __all__ = ["HEADER_ROW", "MooncakeTier"]

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.p2p.directory import DirectoryPublisher, PeerDirectory
-from kvtier.p2p.server import BlockServer
+from kvtier.tiers.p2p.directory import DirectoryPublisher, PeerDirectory
+from kvtier.tiers.p2p.server import BlockServer
 
 __all__ = ["BlockService", "check_serve_options", "start", "start_for_engine"]
 

@@ -2,7 +2,7 @@
 
 A syntax error names the file, line and column (``kv.yaml:3:9: invalid YAML: mapping values are
 not allowed here``), so the user can jump to it; :func:`kvtier.config.load_config` and
-:mod:`kvtier.config_layers` both read files through :func:`read_config_file` (and JSON strings
+:mod:`kvtier.config.layers` both read files through :func:`read_config_file` (and JSON strings
 through :func:`loads_json`).
 
 A config nested deeper than :data:`MAX_CONFIG_DEPTH` levels is refused in one line: without the

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Final
 
 from kvtier.errors import TierError, TierUnavailableError
-from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError, RemoteRejectedError
+from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError, RemoteRejectedError
 
 __all__ = [
     "EXISTS",

@@ -16,7 +16,7 @@ Config (docs/remote.md has copyable examples)::
   foreign or damaged one (or one whose metadata was lost) is a miss (``stats.corrupt``), never
   served.
 * **Less work per request.** Object ``GET``\ s and single ``PUT``\ s go over kvtier's own
-  connection per worker (:mod:`kvtier.tiers.s3_wire`, ``data_path="direct"``, the default): SigV4
+  connection per worker (:mod:`kvtier.tiers.obj.s3_wire`, ``data_path="direct"``, the default): SigV4
   headers signed in a few microseconds, the payload sent from the slot's memory and received into
   it, no botocore event chain per request. boto3 keeps everything else (listing, ``HEAD``,
   deletes, multipart, bucket creation), and the direct path takes its endpoint, addressing style,
@@ -70,10 +70,10 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.obj_clients import META as _META
-from kvtier.tiers.obj_clients import ObjectBody, WorkerClients, direct_path, open_object, put_object
-from kvtier.tiers.remote import RemoteTier
-from kvtier.tiers.remote_errors import (
+from kvtier.tiers.obj.clients import META as _META
+from kvtier.tiers.obj.clients import ObjectBody, WorkerClients, direct_path, open_object, put_object
+from kvtier.tiers.remote.base import RemoteTier
+from kvtier.tiers.remote.errors import (
     ErrorMap,
     RemoteFullError,
     RemoteRejectedError,
@@ -162,7 +162,7 @@ class ObjTier(RemoteTier):
         sign_payload: SigV4-sign each body (SHA-256 on both ends; off: kvtier's checksum covers
             the bytes, TLS the transport). On: every request goes through boto3.
         data_path: ``direct`` (object ``GET``/``PUT`` on kvtier's own connection per worker,
-            :mod:`kvtier.tiers.s3_wire`) or ``boto3`` (every request through boto3).
+            :mod:`kvtier.tiers.obj.s3_wire`) or ``boto3`` (every request through boto3).
         warm_listing: most objects listed at start to warm the index (0: no listing).
         create_bucket: create the bucket if it does not exist (tests, single-tenant set-ups).
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
@@ -469,7 +469,7 @@ class ObjTier(RemoteTier):
                     found.append((obj["LastModified"], key, int(obj["Size"])))
         found.sort(key=lambda t: t[0])  # oldest first: the eviction order of max_bytes
         with self._lock:
-            # A key dropped or evicted while the listing ran stays out (see remote_index).
+            # A key dropped or evicted while the listing ran stays out (see remote.index).
             listed = set(self.index.add_found([key for _, key, _ in found], self.context.clock()))
             for _, key, size in found:
                 if self.max_bytes is not None and key in listed and key not in self._sizes:

@@ -1,13 +1,24 @@
-"""Socket I/O of the p2p data path: kernel timeouts, whole-block reads, scatter-gather sends.
+"""Socket I/O of the network tiers: gather-writes, kernel timeouts, whole-block reads, and the check
+that an idle kept connection can take the next request.
 
-A Python socket with a timeout is non-blocking underneath: every ``recv``/``send`` is preceded by
-a ``poll`` and a big buffer goes out in as many partial sends as the socket buffer takes, each a
-trip through the interpreter. A plain TCP socket here is instead left *blocking* with the timeout
-set in the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``): a ``recv_into(..., MSG_WAITALL)`` fills a
-whole block in one call and one ``sendmsg`` queues a reply table and all its blocks, while a
-stalled peer still fails the call within the timeout (the kernel returns what it has, or
-``EAGAIN``, which is raised as :class:`TimeoutError`). TLS sockets keep Python's timeouts (the
-``ssl`` module supports neither ``MSG_WAITALL`` nor ``sendmsg``).
+Two timeout styles, by what the caller streams:
+
+* **Python timeouts** (the redis and obj tiers): :func:`send_pieces` sends a small header, then a
+  slot's memory, back to back with as few system calls as the socket allows and no joining copy,
+  within the socket's timeout for the whole call (like ``sendall``); it raises the builtin
+  ``TimeoutError`` when that passes and ``OSError`` when the peer or the network fails. A plain
+  socket gets ``sendmsg`` with every piece at once, TLS one ``sendall`` per piece.
+* **Kernel timeouts** (the p2p data path). A Python socket with a timeout is non-blocking
+  underneath: every ``recv``/``send`` is preceded by a ``poll`` and a big buffer goes out in as many
+  partial sends as the socket buffer takes, each a trip through the interpreter. A plain TCP socket
+  here is instead left *blocking* with the timeout set in the kernel (``SO_RCVTIMEO``/
+  ``SO_SNDTIMEO``, :func:`use_kernel_timeouts`): a ``recv_into(..., MSG_WAITALL)`` fills a whole
+  block in one call and one ``sendmsg`` queues a reply table and all its blocks
+  (:func:`send_buffers`), while a stalled peer still fails the call within the timeout (the kernel
+  returns what it has, or ``EAGAIN``, which is raised as :class:`TimeoutError`). TLS sockets keep
+  Python's timeouts (the ``ssl`` module supports neither ``MSG_WAITALL`` nor ``sendmsg``).
+
+:func:`reusable` is the one dead-idle-connection check every tier that keeps connections uses.
 """
 
 from __future__ import annotations
@@ -19,7 +30,15 @@ import struct
 import time
 from collections.abc import Sequence
 
-__all__ = ["is_plain", "recv_flags", "reusable", "send_buffers", "set_recv_timeout", "use_kernel_timeouts"]
+__all__ = [
+    "is_plain",
+    "recv_flags",
+    "reusable",
+    "send_buffers",
+    "send_pieces",
+    "set_recv_timeout",
+    "use_kernel_timeouts",
+]
 
 #: Buffers per ``sendmsg`` (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
@@ -117,3 +136,29 @@ def send_buffers(sock: socket.socket, buffers: Sequence[memoryview | bytes], dea
             else:
                 pending[first] = head[sent:]
                 sent = 0
+
+
+def send_pieces(sock: socket.socket, pieces: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Send ``pieces`` in order within the socket's (Python) timeout for the whole call (module doc)."""
+    if isinstance(sock, ssl.SSLSocket):
+        for piece in pieces:
+            sock.sendall(piece)
+        return
+    views = [memoryview(p).cast("B") for p in pieces]
+    timeout = sock.gettimeout()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while views:
+            sent = sock.sendmsg(views)
+            while views and sent >= views[0].nbytes:
+                sent -= views.pop(0).nbytes
+            if sent:
+                views[0] = views[0][sent:]
+            if views and deadline is not None:  # a partial send: the rest within the same deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                sock.settimeout(left)
+    finally:
+        if deadline is not None and sock.gettimeout() != timeout:
+            sock.settimeout(timeout)

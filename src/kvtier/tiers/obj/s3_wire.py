@@ -51,7 +51,7 @@ from urllib.parse import quote, urlsplit
 
 import botocore.exceptions as bx
 
-from kvtier.tiers.sockio import send_pieces
+from kvtier.tiers.remote.sockio import send_pieces
 
 __all__ = ["Credentials", "Endpoint", "Response", "S3Wire", "sign"]
 
