@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from vllm_cpu import (
     BLOCK_TOKENS,
-    SHUTDOWN_DEFECTS,
     kv_config,
+    kvtier_defects,
     prompt,
     run_driver,
     shared_model,
@@ -124,7 +124,7 @@ def _assert_served_by_kvtier(run: Run, loads: int) -> None:
 
 def _assert_clean_shutdown(run: Run) -> None:
     assert run.results[-1]["op"] == "shutdown"
-    defects = [line for line in run.log.splitlines() if any(d in line for d in SHUTDOWN_DEFECTS)]
+    defects = kvtier_defects(run.log)
     assert not defects, "\n".join(defects[:20])
     assert shm_leftovers(run.engine_id) == []
 

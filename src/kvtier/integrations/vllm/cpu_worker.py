@@ -199,8 +199,8 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc,unused-ignore]
         """KV cache -> offload region, now."""
         return self._transfer(self._store, job_id, src_spec, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        """Offload region -> KV cache, now."""
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+        """Offload region -> KV cache, now (``expedited``, vLLM 0.33+: every copy here already is)."""
         return self._transfer(self._load, job_id, src_spec, dst_spec)
 
     def get_finished(self) -> list[TransferResult]:
