@@ -231,6 +231,11 @@ def plan_fleet(
         f"{instances}); shared store: {int(trace.unique_blocks * shared_share):,} blocks "
         f"({100 * shared_share:g}%); prices and speeds from the menu"
     )
+    if best.net_saving < 0:
+        plan.notes.append(
+            "no design pays for itself at this traffic (GPU value < storage cost): the recommendation "
+            "loses least; a fleet serving more requests per second on the same capacity gains more"
+        )
     plan.timings = {
         "prepare_seconds": t1 - t0,
         "simulate_seconds": t2 - t1,
