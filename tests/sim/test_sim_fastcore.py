@@ -62,7 +62,7 @@ requests_st = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(reqs=requests_st, capacity=st.integers(1, 25), policy=st.sampled_from(sorted(fastcore.POLICIES)))
 def test_fast_cores_equal_the_engine(reqs: list[tuple[list[int], int]], capacity: int, policy: str) -> None:
     trace = prepare_trace(

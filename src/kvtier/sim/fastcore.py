@@ -1,6 +1,6 @@
-"""The simulate hot path on dense block ids: the engine's decisions for LRU and SIEVE, much faster.
+"""The simulate hot path on dense block ids: the engine's decisions for LRU, SIEVE and S3-FIFO, faster.
 
-:func:`kvtier.sim.replay.replay` in simulate mode sends a primary-only stack with LRU or SIEVE (no
+:func:`kvtier.sim.replay.replay` in simulate mode sends a primary-only stack with LRU, SIEVE or S3-FIFO (no
 policy options, no tenants, no hook or metrics) here instead of through the engine. The step per
 request is the engine's (docs/replay.md "engine" semantics, as ``Engine.access`` does it): every
 resident block hits and touches the policy in key order; then the distinct misses are stored in key
@@ -13,8 +13,9 @@ Two implementations of one contract:
 * a C core (``fastcore.c``, shipped as package data), compiled on first use with the system's C
   compiler into a private cache directory (``$XDG_CACHE_HOME/kvtier`` or ``~/.cache/kvtier``, mode
   0700) and loaded with :mod:`ctypes`: tens of millions of block references per second;
-* a pure-Python twin (:func:`_simulate_py`), used when no compiler is found, compilation fails, or
-  ``KVTIER_SIM_CORE=python``; a few hundred thousand to a few million references per second.
+* a pure-Python twin (:func:`_simulate_py`: the engine's policy calls on the real policy objects,
+  over int ids), used when no compiler is found, compilation fails, or ``KVTIER_SIM_CORE=python``;
+  about a million references per second.
 
 Why not a build-time extension: ``pip install -e '.[cli]'`` must work on a machine with no compiler,
 and a lazily built, cached library needs no build-system change. Why ctypes and not the engine's
@@ -30,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ import numpy as np
 __all__ = ["FastResult", "POLICIES", "core_name", "simulate_ids"]
 
 #: Policies with a fast path, and their code in fastcore.c.
-POLICIES = {"lru": 0, "sieve": 1}
+POLICIES = {"lru": 0, "sieve": 1, "s3fifo": 2}
 _SOURCE = Path(__file__).with_name("fastcore.c")
 _lib: Any = None
 _lib_tried = False
@@ -115,7 +115,7 @@ def _load_c() -> Any:
         return None
     fn = lib.kv_simulate
     p = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64, p, p, p, p]
+    fn.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64, p, p, p, p, p]
     fn.restype = ctypes.c_int
     _lib = lib
     return lib
@@ -149,6 +149,7 @@ def simulate_ids(
         prefix = np.empty(nreq, dtype=np.int32)
         last = np.empty(nreq, dtype=np.uint8)
         counters = np.zeros(3, dtype=np.int64)
+        params = _params(policy, capacity)
         rc = lib.kv_simulate(
             POLICIES[policy],
             ids.ctypes.data,
@@ -156,6 +157,7 @@ def simulate_ids(
             nreq,
             nuniq,
             capacity,
+            params.ctypes.data,
             hits.ctypes.data,
             prefix.ctypes.data,
             last.ctypes.data,
@@ -167,74 +169,60 @@ def simulate_ids(
     return _simulate_py(policy, ids.tolist(), offsets.tolist(), capacity)
 
 
+def _policy(policy: str, cap: int) -> Any:
+    from kvtier.policies.lru import LRUPolicy
+    from kvtier.policies.s3fifo import S3FIFOPolicy
+    from kvtier.policies.sieve import SIEVEPolicy
+
+    return {"lru": LRUPolicy, "sieve": SIEVEPolicy, "s3fifo": S3FIFOPolicy}[policy](cap)
+
+
+def _params(policy: str, cap: int) -> np.ndarray:
+    """S3-FIFO's queue sizes exactly as :class:`S3FIFOPolicy` rounds them (zeros otherwise)."""
+    out = np.zeros(3, dtype=np.int64)
+    if policy == "s3fifo":
+        p = _policy(policy, cap)
+        out[:] = (p._small_cap, p._ghost_cap, p._threshold)
+    return out
+
+
 def _simulate_py(policy: str, ids: list[int], offs: list[int], cap: int) -> FastResult:
-    """The specification of fastcore.c, in Python (same contract as :func:`simulate_ids`)."""
+    """The specification of fastcore.c: the engine's policy calls, on the real policy, over int ids.
+
+    Per request: ``touch_many`` of the resident blocks in key order; then, if the distinct misses do
+    not fit, one ``evict(n, (), incoming=first miss)``; then ``insert_many`` of the misses that fit.
+    """
+    pol = _policy(policy, cap)
+    contains = pol.__contains__
     nreq = len(offs) - 1
     hits_out = [0] * nreq
     prefix_out = [0] * nreq
     last_out = [False] * nreq
     evictions = stores = dropped = 0
-    sieve = policy == "sieve"
-    # LRU: an OrderedDict oldest -> newest. SIEVE: the same insertion order as a linked list over
-    # ids (newer/older, sentinel -1) with visited bits and a hand walking from old to new.
-    order: OrderedDict[int, None] = OrderedDict()
-    move = order.move_to_end
-    newer: dict[int, int] = {}
-    older: dict[int, int] = {}
-    visited: dict[int, bool] = {}
-    ends = [-1, -1]  # [oldest, newest]
-    hand = -1
     for r in range(nreq):
         blocks = ids[offs[r] : offs[r + 1]]
         n = len(blocks)
-        h = 0
-        plen = -1
-        res = visited if sieve else order
-        for j, b in enumerate(blocks):
-            if b in res:
-                h += 1
-                if sieve:
-                    visited[b] = True
-                else:
-                    move(b)
-            elif plen < 0:
-                plen = j
+        present = list(map(contains, blocks))
+        hit = [b for b, p in zip(blocks, present, strict=True) if p]
+        h = len(hit)
         hits_out[r] = h
-        prefix_out[r] = n if plen < 0 else plen
-        last_out[r] = n > 0 and blocks[-1] in res
+        prefix_out[r] = present.index(False) if h < n else n
+        last_out[r] = n > 0 and present[-1]
+        if hit:
+            pol.touch_many(hit)
         if h == n:
             continue
-        miss = list(dict.fromkeys(b for b in blocks if b not in res))
+        miss = list(dict.fromkeys(b for b, p in zip(blocks, present, strict=True) if not p))
         need = len(miss)
-        free = cap - len(res)
-        if need > free:
-            ne = min(need - free, len(res))
-            for _ in range(ne):
-                if not sieve:
-                    order.popitem(last=False)
-                    continue
-                node = hand if hand >= 0 else ends[0]
-                while visited[node]:
-                    visited[node] = False
-                    nw = newer[node]
-                    node = nw if nw >= 0 else ends[0]
-                hand = newer[node]
-                _unlink(node, newer, older, ends)
-                del visited[node]
+        size = len(pol)
+        if need > cap - size:
+            ne = min(need - (cap - size), size)
+            if ne > 0:
+                pol.evict(ne, (), miss[0])
             evictions += ne
-        take = min(need, cap - len(res))
-        for b in miss[:take]:
-            if sieve:
-                visited[b] = False
-                older[b] = ends[1]
-                newer[b] = -1
-                if ends[1] >= 0:
-                    newer[ends[1]] = b
-                else:
-                    ends[0] = b
-                ends[1] = b
-            else:
-                order[b] = None
+        take = min(need, cap - len(pol))
+        if take > 0:
+            pol.insert_many(miss[:take])
         stores += take
         dropped += need - take
     return FastResult(
@@ -246,15 +234,3 @@ def _simulate_py(policy: str, ids: list[int], offs: list[int], cap: int) -> Fast
         dropped,
         "python",
     )
-
-
-def _unlink(node: int, newer: dict[int, int], older: dict[int, int], ends: list[int]) -> None:
-    nw, od = newer.pop(node), older.pop(node)
-    if nw >= 0:
-        older[nw] = od
-    else:
-        ends[1] = od
-    if od >= 0:
-        newer[od] = nw
-    else:
-        ends[0] = nw
