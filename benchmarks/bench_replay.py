@@ -4,9 +4,9 @@ Replays the shipped conversation trace (288,500 block references) with ``--simul
 (``primary_backing: none``, at 1 % of unique blocks = 1,827 blocks) with LRU, SIEVE, ARC and S3-FIFO,
 and runs libCacheSim 0.3.5's same policy (C, ``process_trace`` over an ``oracleGeneral`` file) on the
 same flattened block sequence, in the same process, and prints block references per second for both.
-LRU, SIEVE and S3-FIFO take kvtier's fast core (kvtier.sim.fastcore: the engine's decisions on dense
-ids, compiled when a C compiler is present); ARC drives the engine itself. ``prefix`` has no
-libCacheSim counterpart and is not measured here.
+All four take kvtier's fast core (kvtier.sim.fastcore: the engine's decisions on dense ids, compiled
+when a C compiler is present). ``prefix`` (which drives the engine) has no libCacheSim counterpart
+and is not measured here.
 
 libCacheSim's hash table is sized fairly. Its default (``hashpower=24``: 2^24 buckets) is far larger
 than this trace needs and makes it 6-60x slower here (measured; it varies with the load). The

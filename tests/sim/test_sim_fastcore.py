@@ -91,7 +91,7 @@ def test_what_the_fast_path_refuses() -> None:
     trace = prepare_trace([TraceRequest(timestamp_ms=0.0, blocks=(1, 2), tenant="a")], NS)
     plain = prepare_trace([TraceRequest(timestamp_ms=0.0, blocks=(1, 2))], NS)
     assert fast_path_refusal(capacity_config(SIM, 4, "lru"), trace, None, None) == "tenants"
-    assert "no fast path" in str(fast_path_refusal(capacity_config(SIM, 4, "arc"), plain, None, None))
+    assert "no fast path" in str(fast_path_refusal(capacity_config(SIM, 4, "prefix"), plain, None, None))
     assert fast_path_refusal(capacity_config(SIM, 4, "lru"), plain, None, 0) is not None
     # A refused replay still runs (on the engine) and gives the same answer as an accepted one.
     assert replay(trace, capacity_config(SIM, 4, "lru"), simulate=True).block_hits == 0

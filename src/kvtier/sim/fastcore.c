@@ -1,4 +1,4 @@
-/* kvtier simulate fast path: the engine's per-request step for LRU, SIEVE and S3-FIFO on dense ids.
+/* kvtier simulate fast path: the engine's per-request step for LRU, SIEVE, S3-FIFO, ARC on dense ids.
  *
  * Contract (kvtier.sim.fastcore is the only caller; its pure-Python twin is the specification, and
  * kvtier.policies.* the policies it reproduces):
@@ -20,12 +20,19 @@
 #define POLICY_LRU 0
 #define POLICY_SIEVE 1
 #define POLICY_S3FIFO 2
+#define POLICY_ARC 3
 
-/* Where an id is: not cached, or in one of the lists (LRU and SIEVE use Q_MAIN only). */
+/* Where an id is: not cached, or in one of the lists (LRU and SIEVE use Q_MAIN only; ARC's T1, T2
+ * are lists 1, 2 and its ghosts B1, B2 lists 3, 4). Lists 1 and 2 are the resident ones. */
 #define Q_NONE 0
 #define Q_SMALL 1
 #define Q_MAIN 2
 #define Q_GHOST 3
+#define Q_T1 1
+#define Q_T2 2
+#define Q_B1 3
+#define Q_B2 4
+#define NLISTS 5
 #define FREQ_CAP 3
 
 typedef struct {
@@ -35,11 +42,13 @@ typedef struct {
     int32_t *next;   /* towards the newest end: next[sentinel] = oldest, prev[sentinel] = newest */
     uint8_t *where;  /* Q_* */
     uint8_t *freq;   /* SIEVE: visited bit; S3-FIFO: hit counter */
-    int64_t len[4];  /* per list */
+    int64_t len[NLISTS]; /* per list */
     int64_t hand;    /* SIEVE: -1 = start from the oldest */
     int64_t small_cap, main_cap, ghost_cap, threshold;
     int has_evicted;  /* S3-FIFO: until the first eviction, a full small queue sends keys to main */
-    int64_t pending;  /* S3-FIFO: ghost entry consumed by evict() for the incoming key, or -1 */
+    int64_t pending;  /* S3-FIFO, ARC: ghost entry consumed by evict() for the incoming key, or -1 */
+    int64_t cap;
+    double p;         /* ARC: target size of T1 */
 } state;
 
 static void unlink_id(state *s, int64_t id) {
@@ -62,9 +71,9 @@ static void push_newest(state *s, int64_t id, int q) {
 static int64_t oldest(state *s, int q) { return s->next[s->n + q]; }
 
 static void touch(state *s, int64_t id) {
-    if (s->policy == POLICY_LRU) {
-        unlink_id(s, id);
-        push_newest(s, id, Q_MAIN);
+    if (s->policy == POLICY_LRU || s->policy == POLICY_ARC) {
+        unlink_id(s, id); /* ARC: T1 -> T2, or to T2's MRU end */
+        push_newest(s, id, s->policy == POLICY_ARC ? Q_T2 : Q_MAIN);
     } else if (s->policy == POLICY_SIEVE) {
         s->freq[id] = 1;
     } else if (s->freq[id] < FREQ_CAP) {
@@ -107,6 +116,54 @@ static int64_t evict_main(state *s) {
     return -1;
 }
 
+static void arc_adapt(state *s, int from_b1) {
+    double b1 = (double)s->len[Q_B1], b2 = (double)s->len[Q_B2];
+    if (from_b1) {
+        double step = b2 / b1 > 1.0 ? b2 / b1 : 1.0;
+        s->p = s->p + step < (double)s->cap ? s->p + step : (double)s->cap;
+    } else {
+        double step = b1 / b2 > 1.0 ? b1 / b2 : 1.0;
+        s->p = s->p - step > 0.0 ? s->p - step : 0.0;
+    }
+}
+
+/* ARC's REPLACE: demote the LRU of T1 or T2 to its ghost list. */
+static int64_t arc_replace(state *s, int in_b2) {
+    int64_t t1 = s->len[Q_T1];
+    int prefer_t1 = (t1 > 0 && ((double)t1 > s->p || ((double)t1 == s->p && in_b2))) || s->len[Q_T2] == 0;
+    int from = prefer_t1 ? Q_T1 : Q_T2;
+    if (s->len[from] == 0) from = prefer_t1 ? Q_T2 : Q_T1;
+    int64_t v = oldest(s, from);
+    unlink_id(s, v);
+    push_newest(s, v, from == Q_T1 ? Q_B1 : Q_B2);
+    return v;
+}
+
+static void arc_evict_one(state *s, int64_t incoming) {
+    if (incoming >= 0 && (s->where[incoming] == Q_B1 || s->where[incoming] == Q_B2)) {
+        int b1 = s->where[incoming] == Q_B1;
+        arc_adapt(s, b1);
+        arc_replace(s, !b1);
+        unlink_id(s, incoming);
+        s->pending = incoming;
+        return;
+    }
+    if (s->len[Q_T1] + s->len[Q_B1] + 1 > s->cap) {
+        if (s->len[Q_B1]) {
+            unlink_id(s, oldest(s, Q_B1));
+            arc_replace(s, 0);
+        } else if (s->len[Q_T1]) {
+            unlink_id(s, oldest(s, Q_T1)); /* T1 fills the cache by itself: no ghost */
+        } else {
+            arc_replace(s, 0);
+        }
+        return;
+    }
+    if (s->len[Q_T1] + s->len[Q_T2] + s->len[Q_B1] + s->len[Q_B2] >= 2 * s->cap && s->len[Q_B2])
+        unlink_id(s, oldest(s, Q_B2));
+    arc_replace(s, 0);
+}
+
 static void evict_one(state *s) {
     if (s->policy == POLICY_LRU) {
         unlink_id(s, oldest(s, Q_MAIN));
@@ -131,6 +188,19 @@ static void evict_one(state *s) {
 
 static void insert(state *s, int64_t id) {
     s->freq[id] = 0;
+    if (s->policy == POLICY_ARC) {
+        if (s->pending == id) {
+            s->pending = -1;
+            push_newest(s, id, Q_T2);
+        } else if (s->where[id] == Q_B1 || s->where[id] == Q_B2) {
+            arc_adapt(s, s->where[id] == Q_B1);
+            unlink_id(s, id);
+            push_newest(s, id, Q_T2);
+        } else {
+            push_newest(s, id, Q_T1);
+        }
+        return;
+    }
     if (s->policy != POLICY_S3FIFO) {
         push_newest(s, id, Q_MAIN);
         return;
@@ -163,7 +233,9 @@ int kv_simulate(int policy, const int32_t *ids, const int64_t *offs, int64_t nre
     s.main_cap = cap - params[0];
     s.ghost_cap = params[1];
     s.threshold = params[2];
-    size_t total = (size_t)nuniq + 4;
+    s.cap = cap;
+    s.p = 0.0;
+    size_t total = (size_t)nuniq + NLISTS;
     s.prev = malloc(sizeof(int32_t) * total);
     s.next = malloc(sizeof(int32_t) * total);
     s.where = calloc(total, 1);
@@ -179,7 +251,7 @@ int kv_simulate(int policy, const int32_t *ids, const int64_t *offs, int64_t nre
         free(s.prev); free(s.next); free(s.where); free(s.freq); free(stamp); free(miss);
         return -1;
     }
-    for (int q = Q_SMALL; q <= Q_GHOST; q++) {
+    for (int q = 1; q < NLISTS; q++) {
         s.prev[nuniq + q] = nuniq + q;
         s.next[nuniq + q] = nuniq + q;
     }
@@ -218,7 +290,12 @@ int kv_simulate(int policy, const int32_t *ids, const int64_t *offs, int64_t nre
                 unlink_id(&s, miss[0]); /* libCacheSim consumes the ghost entry before evicting */
                 s.pending = miss[0];
             }
-            for (int64_t k = 0; k < ne; k++) evict_one(&s);
+            for (int64_t k = 0; k < ne; k++) {
+                if (policy == POLICY_ARC)
+                    arc_evict_one(&s, k == 0 ? miss[0] : -1); /* "incoming" only for the first */
+                else
+                    evict_one(&s);
+            }
             evictions += ne;
         }
         size = s.len[Q_SMALL] + s.len[Q_MAIN];

@@ -1,7 +1,7 @@
-"""The simulate hot path on dense block ids: the engine's decisions for LRU, SIEVE and S3-FIFO, faster.
+"""The simulate hot path on dense block ids: the engine's decisions for LRU/SIEVE/S3-FIFO/ARC.
 
-:func:`kvtier.sim.replay.replay` in simulate mode sends a primary-only stack with LRU, SIEVE or S3-FIFO (no
-policy options, no tenants, no hook or metrics) here instead of through the engine. The step per
+:func:`kvtier.sim.replay.replay` in simulate mode sends a primary-only stack with LRU, SIEVE, S3-FIFO or
+ARC (no policy options, no tenants, no hook or metrics) here instead of through the engine. The step per
 request is the engine's (docs/replay.md "engine" semantics, as ``Engine.access`` does it): every
 resident block hits and touches the policy in key order; then the distinct misses are stored in key
 order — when they do not fit, ``min(need - free, resident)`` victims are evicted first and the first
@@ -40,7 +40,7 @@ import numpy as np
 __all__ = ["FastResult", "POLICIES", "core_name", "simulate_ids"]
 
 #: Policies with a fast path, and their code in fastcore.c.
-POLICIES = {"lru": 0, "sieve": 1, "s3fifo": 2}
+POLICIES = {"lru": 0, "sieve": 1, "s3fifo": 2, "arc": 3}
 _SOURCE = Path(__file__).with_name("fastcore.c")
 _lib: Any = None
 _lib_tried = False
@@ -170,11 +170,12 @@ def simulate_ids(
 
 
 def _policy(policy: str, cap: int) -> Any:
+    from kvtier.policies.arc import ARCPolicy
     from kvtier.policies.lru import LRUPolicy
     from kvtier.policies.s3fifo import S3FIFOPolicy
     from kvtier.policies.sieve import SIEVEPolicy
 
-    return {"lru": LRUPolicy, "sieve": SIEVEPolicy, "s3fifo": S3FIFOPolicy}[policy](cap)
+    return {"lru": LRUPolicy, "sieve": SIEVEPolicy, "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}[policy](cap)
 
 
 def _params(policy: str, cap: int) -> np.ndarray:
