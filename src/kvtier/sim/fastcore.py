@@ -170,12 +170,20 @@ def simulate_ids(
 
 
 def _policy(policy: str, cap: int) -> Any:
+    """The real policy object, with its default options (the fast path takes no options)."""
     from kvtier.policies.arc import ARCPolicy
+    from kvtier.policies.base import CachePolicy
     from kvtier.policies.lru import LRUPolicy
     from kvtier.policies.s3fifo import S3FIFOPolicy
     from kvtier.policies.sieve import SIEVEPolicy
 
-    return {"lru": LRUPolicy, "sieve": SIEVEPolicy, "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}[policy](cap)
+    classes: dict[str, type[CachePolicy]] = {
+        "lru": LRUPolicy,
+        "sieve": SIEVEPolicy,
+        "s3fifo": S3FIFOPolicy,
+        "arc": ARCPolicy,
+    }
+    return classes[policy](cap)
 
 
 def _params(policy: str, cap: int) -> np.ndarray:
