@@ -377,9 +377,12 @@ def _run(
     computed = [0] * n
     p2p_hits = 0
     p2p_saved = 0.0
-    ts0 = trace.timestamps[0] if trace.timestamps else 0.0
+    # Windows span the trace's clock from its earliest to its latest request (a trace need not be
+    # sorted; the engines see the timestamps as given).
+    ts0 = min(trace.timestamps) if trace.timestamps else 0.0
+    ts1 = max(trace.timestamps) if trace.timestamps else 0.0
     win = spec.window_seconds
-    nwin = int((trace.timestamps[-1] - ts0) // win) + 1 if trace.timestamps else 1
+    nwin = int((ts1 - ts0) // win) + 1
     traffic = {name: np.zeros(nwin) for name in [*shared, *(["p2p"] if p2p else [])]}
     sessions = _session_of(trace, requests) if spec.router != "round_robin" else None
     contexts: dict[str | None, Any] = {}
@@ -475,7 +478,7 @@ def _run(
         },
         saved_seconds=saved,
         prefill_seconds=cm.recompute_seconds(0, trace.tokens),
-        trace_seconds=max((trace.timestamps[-1] - ts0) if trace.timestamps else 0.0, win),
+        trace_seconds=max(ts1 - ts0, win),
         block_hits=sum(r.block_hits for r in reports) + p2p_hits,
         prefix_hits=sum(r.prefix_hits for r in reports),
     )
