@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
@@ -50,7 +50,7 @@ from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
-from kvtier.tiers.fs.layout import ShardDirs, block_file_size, probe_direct_io
+from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
 from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options, segment_cap, small_block_limit
 from kvtier.tiers.fs.parts import FsParts
@@ -61,11 +61,23 @@ from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
 
-__all__ = ["FsTier"]
+__all__ = ["STRIPED_ONLY", "FsTier", "refuse_striped_options"]
+
+#: Options of the striped (``root_dirs``) form only.
+STRIPED_ONLY = ("io_timeout", "probe_interval", "fence_errors", "simulate_fenced")
+
+
+def refuse_striped_options(**given: object) -> None:
+    """A ``root_dir`` tier refuses the options only ``root_dirs`` has (one-line ``ConfigError``)."""
+    for key, value in given.items():
+        if value is not None:
+            raise ConfigError(
+                key, "applies to a tier with root_dirs; for deadlines and health on one disk write "
+                '"root_dirs": ["<your root_dir>"] instead of root_dir',
+            )  # fmt: skip
+
 
 log = logging.getLogger("kvtier.tiers.fs")
-#: Key length the simulation assumes for a block file's header (kvtier's 128-bit block hashes).
-SIM_KEY_BYTES = 16
 
 
 class FsTier(AsyncTier):
@@ -112,6 +124,16 @@ class FsTier(AsyncTier):
     persistent: ClassVar[bool] = True
     shared: ClassVar[bool] = True
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``root_dirs`` (several disks) builds a striped tier of one FsTier per root (of this very
+        # class, so a subclass's seams apply to every root); ``root_dir`` keeps the one-root tier.
+        if kwargs.get("root_dirs") is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped import StripedFsTier
+
+            return StripedFsTier(root_cls=cast(RootClass, cls), **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
@@ -138,7 +160,16 @@ class FsTier(AsyncTier):
         backpressure: Mapping[str, Any] | None = None,
         small_block_bytes: int | str = SMALL_BLOCK_DEFAULT,
         segment_bytes: int | str | None = None,
+        root_dirs: Sequence[Any] | None = None,
+        io_timeout: float | None = None,
+        probe_interval: float | None = None,
+        fence_errors: int | None = None,
+        simulate_fenced: Sequence[int] | None = None,
     ) -> None:
+        refuse_striped_options(
+            io_timeout=io_timeout, probe_interval=probe_interval, fence_errors=fence_errors,
+            simulate_fenced=simulate_fenced,
+        )  # fmt: skip
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
             batch_blocks=batch_blocks, log_interval=log_interval, logger=log,
@@ -160,6 +191,8 @@ class FsTier(AsyncTier):
         read_io, seg_cap = o.read_io, o.segment_cap
         small = seg_cap is not None
         self._policy_name = eviction_policy
+        #: Job ids a striped tier gave up on (a set: adds and membership tests are atomic).
+        self._abandoned: set[int] = set()
         self._policy_options = dict(policy_options or {})
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         try:
@@ -233,12 +266,20 @@ class FsTier(AsyncTier):
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
         """Every check of the constructor that writes nothing (see :func:`read_options`)."""
+        if options.get("root_dirs") is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped import StripedFsTier
+
+            StripedFsTier.check_options(context, options, root_cls=cast(RootClass, cls))
+            return
         bound = inspect.signature(cls).bind_partial(context=context, **options)
         bound.apply_defaults()
         args = dict(bound.arguments)
         check_worker_options(args.pop("threads"), args.pop("batch_blocks"), args.pop("log_interval"))
         GateConfig.from_options(args.pop("backpressure"))
         args.pop("context")
+        refuse_striped_options(**{k: args.pop(k) for k in STRIPED_ONLY})
+        args.pop("root_dirs")
         read_options(context, args)
 
     # -- simulation -------------------------------------------------------------------------
@@ -320,11 +361,15 @@ class FsTier(AsyncTier):
         self.index.begin_loads_locked(state.job.keys)
 
     def _load_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        job_id = state.job.job_id
+        if job_id in self._abandoned:
+            return ChunkOutcome(error="abandoned: past the deadline")
         if self.segments is not None:
             return self.segments.read_chunk(items)
-        return self._load.read_chunk(items)
+        return self._load.read_chunk(items, lambda: job_id in self._abandoned)
 
     def _complete(self, state: JobState) -> None:
+        self._abandoned.discard(state.job.job_id)
         if state.load:
             with self._lock:
                 self.index.end_loads_locked(state.job.keys)
@@ -344,6 +389,16 @@ class FsTier(AsyncTier):
 
     def _new_policy(self, capacity: int) -> CachePolicy:
         return build_policy(self._policy_name, capacity, self._policy_options)
+
+    def abandon(self, job_id: int) -> None:
+        """The caller gave job ``job_id`` up (its deadline passed): chunks of it not yet reading
+        skip their reads, so no slot the engine may reuse is written. Its report still comes."""
+        self._abandoned.add(job_id)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """:meth:`drain` for at most ``timeout`` s; ``False`` when work was still running then."""
+        pool = self._pool
+        return pool is None or pool.wait_idle(timeout)
 
     def _close_resources(self) -> None:
         self._scanner.join(timeout=30)
