@@ -202,3 +202,26 @@ def test_sigkill_mid_store_on_a_striped_tier_leaves_every_roots_accounting_exact
     for slot, k in enumerate(res.transferred(keys)):
         assert (primary.block(keys.index(k)) == h.payload_of(k, BLOCK)).all(), slot
     observer.shutdown()
+
+
+def test_the_fs_type_builds_a_striped_tier_from_a_config_and_keeps_its_option_checks(tmp_path: Path) -> None:
+    from kvtier.plugins.factories import create_tier
+
+    primary = h.aligned_primary(4, BLOCK)
+    ctx = TierContext(name="fs", block_bytes=BLOCK, namespace=h.NAMESPACE)
+    FsTier.check_options(ctx, {"root_dir": str(tmp_path / "one")})  # the one-root form, defaults applied
+    with pytest.raises(ConfigError, match="bogus"):  # unknown keys are still refused by name
+        create_tier(
+            {"type": "fs", "root_dir": str(tmp_path), "bogus": 1}, primary_kv_view=primary.view, context=ctx
+        )
+    cfg = {"type": "fs", "root_dirs": [str(tmp_path / "x"), str(tmp_path / "y")], "max_bytes": "8MiB",
+           "io_timeout": 2.0, "small_block_bytes": 0}  # fmt: skip
+    tier = create_tier(cfg, primary_kv_view=primary.view, context=ctx)
+    try:
+        assert isinstance(tier, StripedFsTier)
+        shares = [s.max_bytes or 0 for s in tier.specs]
+        assert sum(shares) == 8 << 20 and abs(shares[0] - shares[1]) < 8 << 14  # same disk: ~equal
+        assert tier.config_info()["io_timeout"] == 2.0
+        assert h.store(tier, primary, [h.key_of("cfg")]).success  # type: ignore[arg-type]
+    finally:
+        tier.shutdown()

@@ -483,3 +483,10 @@ class FsTier(AsyncTier):
             segment_bytes=None if self.segments is None else self.segments.segment_bytes,
         )  # fmt: skip
         return info
+
+
+# ``__new__`` takes ``**kwargs`` (it only routes ``root_dirs``); the class's signature, which option
+# checks (``create_tier``'s keyword check, :meth:`FsTier.check_options`) read, is ``__init__``'s.
+FsTier.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    list(inspect.signature(FsTier.__init__).parameters.values())[1:]
+)
