@@ -45,10 +45,7 @@ from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.tiers.async_tier import check_seconds
 from kvtier.tiers.base import (
-    PolicyFactory,
-    PrimaryProfile,
     SecondaryTier,
-    SimulationProfile,
     TierContext,
 )
 from kvtier.tiers.fs.accounting import AccountingState
@@ -56,7 +53,6 @@ from kvtier.tiers.fs.health import RootHealth, disk_failure, probe_root
 from kvtier.tiers.fs.layout import SIM_KEY_BYTES, block_file_size
 from kvtier.tiers.fs.placement import Placement
 from kvtier.tiers.fs.roots import RootClass, RootSpec, RootTier, check_fenced, read_roots
-from kvtier.tiers.fs.striped_sim import simulate_striped
 from kvtier.tiers.ratelog import RateLimitedLog
 
 __all__ = ["RootTier", "StripedFsTier", "striped_defaults"]
@@ -203,29 +199,6 @@ class StripedFsTier(SecondaryTier):
                 if exc.key_path in ("root_dir", "max_bytes"):
                     raise ConfigError(f"root_dirs[{i}]", exc.detail) from exc
                 raise
-
-    @classmethod
-    def simulation(
-        cls,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-        primary: PrimaryProfile | None = None,
-        root_cls: RootClass | None = None,
-    ) -> SimulationProfile:
-        """Several roots as the simulator sees them: each root holds what a one-root tier of its
-        share holds (:meth:`FsTier.simulation`), the roots listed in ``simulate_fenced`` hold
-        nothing, and the tier holds the sum. Pure (no ``statvfs``): roots without their own
-        ``max_bytes`` share the total equally here, where the real tier splits it by free space.
-        Approximate: one policy orders all roots' blocks, where the real tier evicts per root."""
-        if root_cls is None:
-            raise TypeError("StripedFsTier.simulation is reached through FsTier.simulation (root_cls)")
-        return simulate_striped(
-            options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
-            root_cls=root_cls, medium=cls.medium,
-        )  # fmt: skip
 
     # -- lookups (engine thread; dict membership per admitted root) ---------------------------------
     def _admitted(self) -> list[int]:

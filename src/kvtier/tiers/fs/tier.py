@@ -300,7 +300,16 @@ class FsTier(AsyncTier):
         :class:`~kvtier.tiers.fs.store_path.StorePath`), so ``threads`` and ``batch_blocks`` split
         the writes but never change which blocks are kept or dropped. Blocks on the small-block
         path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
-        records the segments hold, but real eviction is by segment with compaction."""
+        records the segments hold, but real eviction is by segment with compaction. With
+        ``root_dirs`` the striped model answers (:mod:`kvtier.tiers.fs.striped_sim`)."""
+        if options.get("root_dirs") is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped_sim import simulate_striped
+
+            return simulate_striped(
+                options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
+                root_cls=cast(RootClass, cls), medium=cls.medium,
+            )  # fmt: skip
         profile = super().simulation(
             options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
         )
