@@ -53,6 +53,11 @@ def test_blocks_spread_over_three_roots_and_a_second_process_finds_them(tmp_path
     assert all(15 <= n <= 45 for n in per_root), per_root
     stats = tier.get_stats()
     assert [stats[f"root{i}_index_blocks"] for i in range(3)] == per_root
+    lat = tier.latency()  # per-root job-latency histograms: one entry per sub-job, cumulative buckets
+    assert sum(h["count"] for h in lat.values()) >= 3 and all(h["count"] for h in lat.values())
+    for h_ in lat.values():
+        counts = [n for _, n in h_["buckets"]]
+        assert counts == sorted(counts) and counts[-1] <= h_["count"] and h_["sum"] > 0
     tier.shutdown()
     out = tmp_path / "reader.json"
     args = {"roots": [str(r) for r in roots], "block_bytes": BLOCK, "names": names, "out": str(out)}

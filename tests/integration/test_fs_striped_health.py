@@ -334,3 +334,45 @@ def test_other_errors_fence_after_fence_errors_in_a_row(tmp_path: Path) -> None:
         assert tier.fenced_roots() == [0] and tier.get_stats()["root0_errors"] == 2
     finally:
         tier.shutdown()
+
+
+def test_a_root_whose_lock_a_stalled_worker_holds_never_blocks_the_caller(tmp_path: Path) -> None:
+    """A worker of the fs tier holds its lock across a few system calls (an eviction's unlink, an
+    event-log append); a disk that hangs there keeps the lock. Injected: a thread takes root 0's
+    lock and waits, as such a worker would. Submits, polls, touches and stats must not wait for it."""
+    primary = h.aligned_primary(16, BLOCK)
+    tier = striped(primary, [str(tmp_path / "a"), str(tmp_path / "b")], io_timeout=0.5)
+    gate, held = threading.Event(), threading.Event()
+    lock = tier.roots[0]._lock
+
+    def stalled_worker() -> None:
+        with lock:
+            held.set()
+            gate.wait()
+
+    worker = threading.Thread(target=stalled_worker, daemon=True)
+    try:
+        slow, fast = on_root(tier, 0, 3, "lock-a"), on_root(tier, 1, 3, "lock-b")
+        assert h.store(tier, primary, slow + fast).success
+        worker.start()
+        assert held.wait(5)
+        t0 = time.monotonic()
+        job_id, took = submit(tier, primary, slow + fast, load=True)
+        res = wait_for_jobs(tier, [job_id], timeout=5)[job_id]
+        assert took < 0.5 and time.monotonic() - t0 < 1.5
+        assert res.transferred(slow + fast) == fast
+        check_loaded(primary, slow + fast, fast)
+        assert tier.fenced_roots() == [0] and "stalled" in tier.health[0].reason
+        t0 = time.monotonic()
+        tier.touch(fast)
+        stats = tier.get_stats()
+        assert time.monotonic() - t0 < 0.5 and stats["root0_fenced"] == 1
+        new = on_root(tier, 0, 2, "lock-new")
+        assert h.store(tier, primary, new, timeout=5).success  # placed on the other root
+        assert all(k in tier.roots[1].indexed_keys() for k in new)
+    finally:
+        gate.set()
+        worker.join(5)
+    assert wait_until(lambda: not tier.fenced_roots(), 5.0)
+    assert h.load(tier, primary, slow).success
+    tier.shutdown()

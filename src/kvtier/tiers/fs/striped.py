@@ -158,6 +158,7 @@ class StripedFsTier(SecondaryTier):
                 tier.shutdown()
             raise
         self.health = [RootHealth() for _ in specs]
+        self._last_stats: list[dict[str, int]] = [{} for _ in specs]
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
@@ -166,6 +167,9 @@ class StripedFsTier(SecondaryTier):
         self._closed = False
         self._stop = threading.Event()
         self._tick = min(max(self.io_timeout / 4, 0.01), 0.25)
+        #: How long a call into a root may wait for its lock (held only across a few system calls
+        #: when the disk is healthy) before the root counts as stalled.
+        self._call_timeout = min(0.05, self.io_timeout / 10)
         self._monitor = threading.Thread(target=self._watch, name=f"kvtier-{self.name}-health", daemon=True)
         self._monitor.start()
 
@@ -228,7 +232,8 @@ class StripedFsTier(SecondaryTier):
     def touch(self, keys: Iterable[BlockKey]) -> None:
         keys = list(keys)
         for i in self._admitted():
-            self.roots[i].touch(keys)
+            if self.roots[i].responsive(0.0):  # a hint: never worth waiting for a busy root
+                self.roots[i].touch(keys)
 
     # -- jobs ------------------------------------------------------------------------------------
     def submit_store(self, job: TransferJob) -> None:
@@ -290,6 +295,17 @@ class StripedFsTier(SecondaryTier):
                 return
         for root, sub in subs:
             tier = self.roots[root]
+            if not tier.responsive(self._call_timeout):
+                # A worker holds the root's lock in a stalled system call: calling in would block
+                # the engine. Fence it; the sub-job is given up (a load's keys miss; a store fails).
+                self._fence(root, "stalled: its lock is held by I/O that does not return")
+                with self._lock:
+                    self._subjobs.pop(sub.job_id, None)
+                    state.pending.discard(sub.job_id)
+                    state.error = state.error or f"root {root} stalled"
+                    if not state.pending:
+                        self._complete_locked(state)
+                continue
             (tier.submit_load if state.load else tier.submit_store)(sub)
 
     def get_finished_jobs(self) -> list[JobResult]:
@@ -317,7 +333,9 @@ class StripedFsTier(SecondaryTier):
         now = time.monotonic()
         with self._lock:
             for i, tier in enumerate(self.roots):
-                for r in tier.get_finished_jobs():
+                # Never wait for a root's lock here: a worker stalled in I/O may hold it (its jobs
+                # then meet their deadline below).
+                for r in tier.finished_nowait() or ():
                     self._merge_locked(i, r)
             for state in [s for s in self._jobs.values() if s.pending]:
                 expired = now >= state.deadline
@@ -510,7 +528,11 @@ class StripedFsTier(SecondaryTier):
         corrupt blocks summed over the roots), ``roots``/``roots_fenced``, and per root ``rootN_*``:
         ``used_bytes``, ``max_bytes``, ``index_blocks``, ``fenced``, ``fences``, ``readmits``,
         ``errors``, ``timeouts``, ``probes``, ``stores``, ``loads``."""
-        per = [t.get_stats() for t in self.roots]
+        for i, t in enumerate(self.roots):
+            # A root whose lock a stalled worker holds keeps its last stats (never wait on a disk).
+            if t.responsive(self._call_timeout):
+                self._last_stats[i] = t.get_stats()
+        per = list(self._last_stats)
         with self._lock:
             out = self.stats.as_dict()
             for k in _COUNTERS:

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, cast
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
@@ -403,6 +404,26 @@ class FsTier(AsyncTier):
         """The caller gave job ``job_id`` up (its deadline passed): chunks of it not yet reading
         skip their reads, so no slot the engine may reuse is written. Its report still comes."""
         self._abandoned.add(job_id)
+
+    def responsive(self, timeout: float) -> bool:
+        """Whether this tier's lock can be taken within ``timeout`` s. A worker holds it across a
+        few system calls (an eviction's unlink, an event-log append), so a disk that hangs there
+        keeps it: a striped tier asks this before calling in, and fences the root instead."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        self._lock.release()
+        return True
+
+    def finished_nowait(self) -> list[JobResult] | None:
+        """:meth:`get_finished_jobs` without waiting: ``None`` when the lock is held (ask again)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            out, self._results = self._results, []
+            self._unpolled.difference_update(r.job_id for r in out)
+        finally:
+            self._lock.release()
+        return out
 
     def wait_idle(self, timeout: float) -> bool:
         """:meth:`drain` for at most ``timeout`` s; ``False`` when work was still running then."""
