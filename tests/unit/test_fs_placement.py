@@ -60,3 +60,27 @@ def test_bad_weights_are_refused(weights: list[float]) -> None:
         ids = ["a", "b"]  # one weight for two roots
     with pytest.raises(ValueError):
         Placement(ids, weights)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ("EIO: Input/output error", "eio"),
+        ("read error: Input/output error", "eio"),
+        ("EROFS: Read-only file system", "readonly"),
+        ("OSError: [Errno 30] Read-only file system: '/x'", "readonly"),
+        ("ENOSPC: No space left on device", "full"),
+        ("disk full: store dropped (back-pressure)", "full"),
+        ("EACCES: Permission denied", "error"),
+        ("missing", None),
+        ("2 of 4 key(s) not transferred", None),
+        ("corrupt: checksum", None),
+        ("abandoned: past the deadline", None),
+        ("store dropped: tier too slow (throttled)", None),
+        (None, None),
+    ],
+)
+def test_job_errors_are_classified_as_disk_failures_or_not(error: str | None, kind: str | None) -> None:
+    from kvtier.tiers.fs.health import disk_failure
+
+    assert disk_failure(error) == kind

@@ -32,8 +32,12 @@ _DISK_FAILURE = re.compile(
     re.IGNORECASE,
 )
 #: Job errors that are no fault of the disk (another process evicted a block, a job was dropped by
-#: the tier's own back-pressure gate for slowness): never counted against the root.
-_NOT_DISK = re.compile(r"missing|not transferred|dropped|throttl|shut down", re.IGNORECASE)
+#: the tier's own back-pressure gate for slowness, a part given up at its deadline, which counts as
+#: a timeout, a file that is not a valid block: planted or damaged, a miss the tier already handles):
+#: never counted against the root.
+_NOT_DISK = re.compile(
+    r"missing|not transferred|dropped|throttl|shut down|abandoned|corrupt|foreign", re.IGNORECASE
+)
 
 
 def disk_failure(error: str | None) -> str | None:
@@ -44,7 +48,7 @@ def disk_failure(error: str | None) -> str | None:
     m = _DISK_FAILURE.search(error)
     if m is not None:
         text = m.group(0).lower()
-        if "ro" in text and ("erofs" in text or "read-only" in text):
+        if text in ("erofs", "read-only file system"):
             return "readonly"
         if text in ("eio", "input/output error"):
             return "eio"
