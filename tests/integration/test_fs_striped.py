@@ -152,13 +152,23 @@ def test_bad_root_dirs_are_one_line_errors(tmp_path: Path, roots: object, total:
     assert not (tmp_path / "x").exists()  # nothing written on a bad config
 
 
-def test_root_dir_and_root_dirs_or_striped_options_alone_are_refused(tmp_path: Path) -> None:
+def test_root_dir_and_root_dirs_together_are_refused_and_a_health_option_stripes_one_root(
+    tmp_path: Path,
+) -> None:
     primary = h.aligned_primary(2, BLOCK)
     ctx = TierContext(name="fs", block_bytes=BLOCK, namespace=h.NAMESPACE)
     with pytest.raises(ConfigError, match="not both"):
         FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(tmp_path), root_dirs=[str(tmp_path)])
-    with pytest.raises(ConfigError, match="io_timeout: applies to a tier with root_dirs"):
-        FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(tmp_path), io_timeout=1.0)
+    # One root with a health option: striped over that root (deadlines, fencing on one disk).
+    one = FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(tmp_path / "one"), io_timeout=1.0)
+    try:
+        assert isinstance(one, StripedFsTier) and [s.path for s in one.specs] == [str(tmp_path / "one")]
+        assert one.io_timeout == 1.0
+    finally:
+        one.shutdown()
+    FsTier.check_options(ctx, {"root_dir": str(tmp_path / "one"), "fence_errors": 2})
+    with pytest.raises(ConfigError, match="root_dir: missing"):
+        FsTier.check_options(ctx, {"io_timeout": 1.0})
     with pytest.raises(ConfigError, match="io_timeout"):
         FsTier.check_options(ctx, {"root_dirs": [str(tmp_path)], "io_timeout": -1})
 

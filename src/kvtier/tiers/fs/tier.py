@@ -62,10 +62,23 @@ from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
 
-__all__ = ["STRIPED_ONLY", "FsTier", "refuse_striped_options"]
+__all__ = ["STRIPED_ONLY", "FsTier", "as_striped", "refuse_striped_options"]
 
 #: Options of the striped (``root_dirs``) form only.
 STRIPED_ONLY = ("io_timeout", "probe_interval", "fence_errors", "simulate_fenced")
+
+
+def as_striped(options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``options`` in the striped form, or ``None`` for a plain one-root tier: ``root_dirs``, or a
+    ``root_dir`` with a health option (``io_timeout``, ...), which stripes over that one root so
+    its jobs get deadlines and its disk fencing (misses while it fails) like several roots' do."""
+    if options.get("root_dirs") is not None:
+        return dict(options)
+    if options.get("root_dir") is not None and any(options.get(k) is not None for k in STRIPED_ONLY):
+        out = dict(options)
+        out["root_dirs"] = [out.pop("root_dir")]
+        return out
+    return None
 
 
 def refuse_striped_options(**given: object) -> None:
@@ -128,11 +141,12 @@ class FsTier(AsyncTier):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # ``root_dirs`` (several disks) builds a striped tier of one FsTier per root (of this very
         # class, so a subclass's seams apply to every root); ``root_dir`` keeps the one-root tier.
-        if kwargs.get("root_dirs") is not None:
+        striped = as_striped(kwargs)
+        if striped is not None:
             from kvtier.tiers.fs.roots import RootClass
             from kvtier.tiers.fs.striped import StripedFsTier
 
-            return StripedFsTier(root_cls=cast(RootClass, cls), **kwargs)
+            return StripedFsTier(root_cls=cast(RootClass, cls), **striped)
         return super().__new__(cls)
 
     def __init__(
@@ -267,11 +281,12 @@ class FsTier(AsyncTier):
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
         """Every check of the constructor that writes nothing (see :func:`read_options`)."""
-        if options.get("root_dirs") is not None:
+        striped = as_striped(options)
+        if striped is not None:
             from kvtier.tiers.fs.roots import RootClass
             from kvtier.tiers.fs.striped import StripedFsTier
 
-            StripedFsTier.check_options(context, options, root_cls=cast(RootClass, cls))
+            StripedFsTier.check_options(context, striped, root_cls=cast(RootClass, cls))
             return
         bound = inspect.signature(cls).bind_partial(context=context, **options)
         bound.apply_defaults()
@@ -279,9 +294,10 @@ class FsTier(AsyncTier):
         check_worker_options(args.pop("threads"), args.pop("batch_blocks"), args.pop("log_interval"))
         GateConfig.from_options(args.pop("backpressure"))
         args.pop("context")
-        refuse_striped_options(**{k: args.pop(k) for k in STRIPED_ONLY})
+        striped_only = {k: args.pop(k) for k in STRIPED_ONLY}
         args.pop("root_dirs")
-        read_options(context, args)
+        read_options(context, args)  # a missing root_dir is named first
+        refuse_striped_options(**striped_only)
 
     # -- simulation -------------------------------------------------------------------------
     @classmethod
@@ -303,12 +319,13 @@ class FsTier(AsyncTier):
         path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
         records the segments hold, but real eviction is by segment with compaction. With
         ``root_dirs`` the striped model answers (:mod:`kvtier.tiers.fs.striped_sim`)."""
-        if options.get("root_dirs") is not None:
+        striped = as_striped(options)
+        if striped is not None:
             from kvtier.tiers.fs.roots import RootClass
             from kvtier.tiers.fs.striped_sim import simulate_striped
 
             return simulate_striped(
-                options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
+                striped, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
                 root_cls=cast(RootClass, cls), medium=cls.medium,
             )  # fmt: skip
         profile = super().simulation(
