@@ -137,8 +137,9 @@ _VLLM_TOP_KEYS: dict[str, tuple[str, str]] = {
 }
 _VLLM_TIER_KEYS: dict[str, tuple[str, str]] = {
     "enable_kv_events": (
-        "publish BlockStored KV events for blocks the tier stores",
-        "remove it: kvtier tiers publish no KV events",
+        "publish KV events for the blocks the tier stores and drops",
+        "remove it from kvtier's own config; inside vLLM put it on the KvtierTier entry (vLLM "
+        "publishes them with --kv-events-config)",
     ),
     "locality": (
         "LOCAL or REMOTE: picks back-pressure watermarks and per-request tier filters",
@@ -413,10 +414,7 @@ def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
                 f"{path}backpressure",
                 'vLLM needs an object with "backpressure_cls" (e.g. "EMABackpressureDetector")',
             )
-        opts, kv_entry = split_adapter_entry(entry, path)
-        if opts.enable_kv_events:
-            meaning, instead = _VLLM_TIER_KEYS["enable_kv_events"]
-            raise ConfigError(f"{path}enable_kv_events", f"vLLM's fs tier would {meaning}; {instead}")
+        _opts, kv_entry = split_adapter_entry(entry, path)
         tiers.append(kv_entry)
         indices.append(i)
     return {"cpu_bytes_to_use": extra["cpu_bytes_to_use"], "secondary_tiers": tiers}, indices
