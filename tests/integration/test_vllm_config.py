@@ -247,17 +247,23 @@ def test_inline_secrets_reports_fixed_names_never_values(password: str, key: str
     assert any(k == key for k, _ in found) == (bool(value) and key != "bucket")
 
 
-def test_p2p_serve_in_a_kvtier_entry_is_refused_naming_the_key() -> None:
+def test_p2p_serve_in_a_kvtier_entry_is_kept_but_not_with_a_directory() -> None:
     entry = {
         "type": ADAPTER_CLASS,
         "module_path": ADAPTER_MODULE,
         "tier": "p2p",
-        "peers": ["h:1"],
-        "serve": {},
+        "peers": ["127.0.0.1:1"],
+        "serve": {"port": 0},
     }
+    opts, kv_entry = split_adapter_entry(entry, "KvtierTier.")
+    assert opts.tier == "p2p" and kv_entry == {"type": "p2p", "peers": ["127.0.0.1:1"], "serve": {"port": 0}}
     with pytest.raises(ConfigError) as err:
-        split_adapter_entry(entry, "KvtierTier.")
-    assert err.value.key_path == "KvtierTier.serve"
-    assert "remove serve" in str(err.value)
-    opts, kv_entry = split_adapter_entry({k: v for k, v in entry.items() if k != "serve"}, "KvtierTier.")
-    assert opts.tier == "p2p" and kv_entry == {"type": "p2p", "peers": ["h:1"]}
+        split_adapter_entry({**entry, "directory": "redis://127.0.0.1:1/0"}, "KvtierTier.")
+    assert err.value.key_path == "KvtierTier.directory"
+    assert "list the serving instances in peers" in str(err.value)
+    # A directory without serve (a client finding other holders) stays allowed.
+    _opts, kv_entry = split_adapter_entry(
+        {k: v for k, v in entry.items() if k != "serve"} | {"directory": "redis://127.0.0.1:1/0"},
+        "KvtierTier.",
+    )
+    assert kv_entry["directory"] == "redis://127.0.0.1:1/0"

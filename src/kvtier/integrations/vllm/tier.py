@@ -35,9 +35,10 @@ What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.
 
 Remote tiers (``redis``, ``obj``, ``mooncake``, ``p2p``) take their options in the same entry;
 secrets come from environment variables the entry names (``password_env``, ``secret_key_env``,
-``secret_env``), never from a value vLLM would print with its config. ``p2p`` is a client here:
-vLLM owns its primary tier, so ``serve`` is refused and stores move nothing; hits count as vLLM's
-``p2p`` cache-hit source.
+``secret_env``), never from a value vLLM would print with its config. ``p2p`` loads other instances'
+blocks (hits count as vLLM's ``p2p`` cache-hit source) and, with ``serve``, serves this engine's
+primary tier to them through vLLM's ``serve_external_requests`` (:mod:`.serve`; static ``peers``
+only, no ``directory``); its stores move nothing.
 
 Namespace: the kvtier tier's namespace is derived from the offloading spec (model, dtype, KV
 groups, block and chunk size, parallel layout, row size; see
@@ -226,6 +227,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._enable_events(offloading_spec, tier_type)
         self._inflight: dict[int, Any] = {}
         self._ready: list[VllmJobResult] = []
+        self._service: Any = None
+        self._served: Any = None
+        self._start_serving(primary_kv_view)
         self._last_counters: dict[str, int] = {}
         self._next_error_log = 0.0
         log.info(
@@ -235,6 +239,25 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             f"{type(self._tier).__module__}:{type(self._tier).__qualname__}",
             context.namespace[:12],
         )
+
+    def _start_serving(self, primary_kv_view: memoryview) -> None:
+        """Start the p2p block server when the tier asks for one (see :mod:`.serve`)."""
+        if getattr(self._tier, "serve", None) is None:
+            return
+        from kvtier.integrations.vllm.serve import start_serving
+
+        try:
+            started = start_serving(self._tier, _as_bytes(primary_kv_view))
+        except BaseException:
+            self._tier.shutdown()
+            raise
+        if started is not None:
+            self._service, self._served = started
+            # Peers are answered between steps too, by vLLM's tier-poll thread (under the manager
+            # lock, like every other call): an idle engine still serves. The kvtier p2p tier
+            # tolerates polling from another thread.
+            self.tolerates_off_thread_polling = True  # type: ignore[misc]
+            log.info("kvtier: p2p block server for vLLM's primary tier on %s", self._service.address)
 
     @staticmethod
     def _known_options(cls: type[Any], entry: dict[str, Any], tier: str) -> dict[str, Any]:
@@ -265,6 +288,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     def kvtier_tier(self) -> SecondaryTier:
         """The kvtier tier this adapter runs."""
         return self._tier
+
+    @property
+    def block_service(self) -> Any:
+        """The p2p block service serving vLLM's primary tier to peers (``None`` when not serving)."""
+        return self._service
 
     # -- translation -------------------------------------------------------------------------
     def _to_kvtier(self, job: Any) -> TransferJob:
@@ -443,11 +471,19 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def get_finished_jobs(self) -> Iterable[Any]:
         self._collect()
+        if self._served is not None:
+            self._ready += self._served.finished()
         out, self._ready = self._ready, []
         return out
 
     def has_pending_work(self) -> bool:
-        return bool(self._inflight or self._ready)
+        served = self._served is not None and self._served.pending()
+        return bool(self._inflight or self._ready or served)
+
+    def serve_external_requests(self, parent: Any) -> None:
+        """Answer queued p2p peer requests from vLLM's primary tier (see :mod:`.serve`)."""
+        if self._served is not None:
+            self._served.serve(parent)
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
         try:
@@ -467,6 +503,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         drained are no longer being copied, so failing it is safe.
         """
         self._tier.drain()
+        if self._served is not None:
+            # Sends to peers read pinned primary chunks: they end (or are given up) first.
+            self._ready += self._served.drain(_DRAIN_REPORT_TIMEOUT)
         deadline = time.monotonic() + _DRAIN_REPORT_TIMEOUT
         while True:
             self._collect()
@@ -490,6 +529,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         tier = getattr(self, "_tier", None)
         if tier is None:
             return
+        if self._service is not None:
+            # First the server (its threads read the primary buffer), then queued peers' answers.
+            self._service.close()
+            self._served.close()
+            self._service = self._served = None
         tier.shutdown()
         del self._tier, tier
         gc.collect()
