@@ -162,3 +162,38 @@ def test_a_subscriber_receives_them_through_vllms_publisher(stack: VllmStack) ->
                 assert isinstance(ev, BlockStored)
                 held |= ks
     assert held == _index(stack) and held
+
+
+PROBE = {"type": "KvtierTier", "module_path": "kvtier.integrations.vllm", "tier": "ProbeTier"}
+
+
+def _probe(**options: Any) -> dict[str, Any]:
+    return {**PROBE, "tier_module_path": "vllm_probe_tier", "name": NAME, "enable_kv_events": True, **options}
+
+
+def test_a_block_dropped_before_its_store_is_reported_is_never_announced_held() -> None:
+    # A third party's tier (vllm_probe_tier) that evicts a block its store job just wrote, before
+    # the job is reported: the removal reaches the adapter first, the job's stored event later.
+    keys = offload_keys(3, salt=b"race")
+    with vllm_stack(tiers=[_probe(drop_first_stored=True)], kv_events=True) as s:
+        s.store(keys)
+        with s.manager.lock:
+            mine = _ours(s.manager.take_events())
+        held = _replay(mine, set())
+        truth = {bytes(k) for k in s.tier.kvtier_tier.blocks}
+        assert truth == set(keys[1:])
+        assert held == truth, [(e.removed, [bytes(k).hex()[:8] for k in e.keys]) for e in mine]
+
+
+def test_a_third_party_tier_that_loses_a_block_announces_its_removal() -> None:
+    keys = offload_keys(3, salt=b"lost")
+    with vllm_stack(tiers=[_probe(lose_keys=True)], kv_events=True) as s:
+        s.store(keys)
+        s.wipe_primary()
+        out = s.load(keys)
+        s.settle()
+        with s.manager.lock:
+            mine = _ours(s.manager.take_events())
+        lost = [k for k in keys if out[k] is None]
+        assert lost, "the probe tier lost no block"
+        assert _replay(mine, set()) == {bytes(k) for k in s.tier.kvtier_tier.blocks} == set(keys) - set(lost)
