@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 from vllm_helpers import ROW_BYTES, VllmStack, kvtier_entry, need_vllm, offload_keys, vllm_stack
 
 need_vllm()
@@ -197,3 +198,27 @@ def test_a_third_party_tier_that_loses_a_block_announces_its_removal() -> None:
         lost = [k for k in keys if out[k] is None]
         assert lost, "the probe tier lost no block"
         assert _replay(mine, set()) == {bytes(k) for k in s.tier.kvtier_tier.blocks} == set(keys) - set(lost)
+
+
+def test_another_instance_evicting_from_a_shared_root_is_announced(tmp_path: Path) -> None:
+    # Two vLLM instances share one fs root and its byte budget: b's stores evict a's blocks, and a
+    # (which did not evict them) announces them removed once it sees b's evictions.
+    entry = kvtier_entry(tmp_path, name=NAME, max_bytes=6 * ROW_BYTES + 4096, enable_kv_events=True)
+    a_keys, b_keys = offload_keys(4, salt=b"shared-a"), offload_keys(12, salt=b"shared-b")
+    with vllm_stack(tiers=[entry], kv_events=True) as a, vllm_stack(tiers=[entry], kv_events=True) as b:
+        a.store(a_keys)
+        with a.manager.lock:
+            held = _replay(_ours(a.manager.take_events()), set())
+        assert held == set(a_keys)
+        for i in range(0, len(b_keys), 4):
+            b.store(b_keys[i : i + 4])
+
+        def settled() -> bool:
+            nonlocal held
+            a.tier.kvtier_tier.refresh()  # what its refresh_interval timer does
+            with a.manager.lock:
+                held = _replay(_ours(a.manager.take_events()), held)
+            return held == (_index(a) & set(a_keys)) and len(held) < len(a_keys)
+
+        assert wait_for(settled, 10), (len(held), len(_index(a)))
+        assert a.tier.kvtier_tier.get_stats()["evictions"] == 0, "a evicted nothing itself"
