@@ -11,6 +11,7 @@ manager. The two-process test is the real shape: two engines, each serving the o
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -152,3 +153,21 @@ def test_two_vllm_processes_serve_each_other(tmp_path: Path) -> None:
     }
     results = run_sharing_processes(tiers, tmp_path, n=5)
     assert [r["blocks_sent"] for r in results] == [5, 5], results
+
+
+def test_shutdown_with_a_peer_waiting_is_prompt_and_leaves_vllms_region_unmappable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keys = offload_keys(2, salt=b"shutdown")
+    with caplog.at_level(logging.WARNING):
+        with _server(serve={"port": 0, "io_timeout": 8.0}, extra={"tier_poll_interval_s": 0}) as a:
+            a.store(keys)
+            asks = a.tier._served._asks
+            with _client(a) as b:
+                b.load(keys)  # b's tier asks a on a worker; a takes no step, so the question waits
+                assert wait_for(lambda: len(asks) > 0), "b's question never reached a"
+            t0 = time.monotonic()
+        elapsed = time.monotonic() - t0
+    assert elapsed < 3.0, f"shutdown took {elapsed:.1f} s: it waited out the peer's io_timeout"
+    # vLLM unmaps its region only when no view of it is left (it logs that it keeps it otherwise).
+    assert "still exported" not in caplog.text, caplog.text

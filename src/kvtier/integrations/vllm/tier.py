@@ -530,9 +530,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         if tier is None:
             return
         if self._service is not None:
-            # First the server (its threads read the primary buffer), then queued peers' answers.
-            self._service.close()
+            # Peers waiting for an answer get "not held" at once; then the server ends every
+            # connection and joins its threads (they read the primary buffer), before vLLM unmaps it.
             self._served.close()
+            self._service.close()
             self._service = self._served = None
         tier.shutdown()
         del self._tier, tier
