@@ -235,7 +235,7 @@ class FsTier(AsyncTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
         self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
-        self.index = FsIndex(self._lock, policy, present, self.layout)
+        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
         self.shard_dirs = ShardDirs(self.accounting.tree)
         parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
         self._store = StorePath(
