@@ -1,4 +1,4 @@
-"""kvtier inside vLLM 0.33: a ``SecondaryTierManager`` that runs any kvtier secondary tier.
+"""kvtier inside vLLM (0.32, 0.33, 0.34): a ``SecondaryTierManager`` that runs any kvtier tier.
 
 vLLM's ``SecondaryTierFactory`` loads it from ``kv_connector_extra_config.secondary_tiers`` with no
 registration and no patch::
@@ -27,8 +27,17 @@ What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.
       detector counts as failures. The adapter never stores behind vLLM's back: the manager consults
       the detector before every cascade and the adapter adds no queue of its own.
     * **Never crashes the engine.** A backend error is a MISS or a failed job, logged rate-limited.
-    * **Newer vLLM.** Keyword arguments neither vLLM 0.33 nor the kvtier tier knows are accepted and
-      logged once per process (``kvtier check`` refuses them in a config file).
+    * **A failed promotion never frees chunks still being written.** When a tier's ``submit_load``
+      raises, it may already have handed part of the job to its I/O. On vLLM 0.34 the failed result
+      carries ``deferred_release``, an event set once the tier has no job in flight (or its
+      ``drain`` returned: always before ``drain_jobs`` returns); on 0.32/0.33, which have no such
+      field, the failed result itself is held back until then, so vLLM keeps the chunks reserved.
+    * **Recency without ``touch``.** vLLM's scheduler never calls ``touch`` (0.34 removed it), so a
+      block a request found in the tier (a lookup HIT) is refreshed in the tier's eviction order when
+      vLLM reports the request finished (``on_request_finished``), once per request.
+    * **Versions.** vLLM 0.32, 0.33 and 0.34 (:mod:`.compat`); any other vLLM is refused when the
+      factory builds the tier. Keyword arguments neither that vLLM nor the kvtier tier knows are
+      accepted and logged once per process (``kvtier check`` refuses them in a config file).
 
 Remote tiers (``redis``, ``obj``, ``mooncake``, ``p2p``) take their options in the same entry;
 secrets come from environment variables the entry names (``password_env``, ``secret_key_env``,
@@ -73,6 +82,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config_vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
+from kvtier.integrations.vllm import compat
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.plugins import TIERS, create_tier
@@ -85,12 +95,15 @@ log = logging.getLogger("kvtier.integrations.vllm")
 METRIC_PREFIX = "kvtier:tier_"
 METRIC_LABEL = "kvtier_tier"
 _COUNTERS = tuple(TierStats().as_dict())
-# Constructor arguments vLLM 0.33's factory supplies itself (never tier options).
+# Constructor arguments vLLM's factory supplies itself (never tier options; 0.32-0.34 alike).
 _VLLM_SUPPLIED = ("offloading_spec", "primary_kv_view", "tier_type", "backpressure_detector")
 _KVTIER_SUPPLIED = ("primary_kv_view", "context")
 # After drain, how long to wait for a tier to publish results of jobs it already finished.
 _DRAIN_REPORT_TIMEOUT = 5.0
 _LOG_INTERVAL = 10.0
+# Requests whose lookup hits are kept for the finish-time refresh; beyond it the oldest go (a
+# request vLLM never reports finished must not grow the map without bound).
+_MAX_TRACKED_REQUESTS = 4096
 
 _LOOKUP = {
     LookupResult.HIT: VllmLookup.HIT,
@@ -163,6 +176,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         backpressure_detector: Any = None,
         **options: Any,
     ) -> None:
+        compat.require_supported_vllm()
         super().__init__(
             offloading_spec=offloading_spec,
             primary_kv_view=primary_kv_view,
@@ -217,6 +231,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         self._kvtier_type = opts.tier
         self._inflight: dict[int, Any] = {}
         self._ready: list[VllmJobResult] = []
+        # Failed promotions whose I/O may still write their chunks (see _fail_started_load).
+        self._unsafe_events: list[threading.Event] = []  # vLLM 0.34: events not set yet
+        self._unsafe_results: list[VllmJobResult] = []  # vLLM 0.32/0.33: results held back
+        self._hits: dict[str, set[bytes]] = {}  # req_id -> keys a lookup answered HIT
         self._last_counters: dict[str, int] = {}
         self._next_error_log = 0.0
         log.info(
@@ -296,8 +314,55 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             )
         log.debug("kvtier: job %s failed before it started: %s", job.job_id, reason)
 
+    def _fail_started_load(self, job: Any, reason: str) -> None:
+        """Fail a promotion whose ``submit_load`` raised: the tier may have started part of it.
+
+        Its chunks must not go back to vLLM's free pool while the tier's I/O may still write them.
+        vLLM 0.34 takes the failed result now with a ``deferred_release`` event, set by
+        :meth:`_release_if_quiet`; older vLLM frees a failed promotion's chunks at once, so the
+        result itself waits there.
+        """
+        if self._inflight.pop(job.job_id, None) is None:
+            return
+        log.debug("kvtier: promotion %s failed after it may have started: %s", job.job_id, reason)
+        if compat.HAS_DEFERRED_RELEASE:
+            event = threading.Event()
+            self._unsafe_events.append(event)
+            # A field of vLLM 0.34's JobResult only (the type checker may see an older vLLM).
+            since_034: dict[str, Any] = {"deferred_release": event}
+            self._ready.append(
+                VllmJobResult(
+                    job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0, **since_034
+                )
+            )
+        else:
+            self._unsafe_results.append(
+                VllmJobResult(job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0)
+            )
+
+    def _release_unsafe(self) -> None:
+        """The tier's I/O can no longer touch the primary: release every deferred chunk."""
+        for event in self._unsafe_events:
+            event.set()
+        self._unsafe_events.clear()
+        self._ready.extend(self._unsafe_results)
+        self._unsafe_results.clear()
+
+    def _release_if_quiet(self) -> None:
+        """Release deferred chunks once the tier has no job in flight (non-blocking)."""
+        if not (self._unsafe_events or self._unsafe_results):
+            return
+        try:
+            busy = self._tier.has_pending_work()
+        except Exception as exc:
+            self._error("has_pending_work", exc)
+            return  # unknown: keep the chunks until drain_jobs
+        if not busy:
+            self._release_unsafe()
+
     def _collect(self) -> None:
         """Move the tier's new results into ``_ready``, once per in-flight job id."""
+        self._release_if_quiet()
         try:
             results = self._tier.get_finished_jobs()
         except Exception as exc:
@@ -325,15 +390,32 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
                 self._tier.submit_store(kv_job)
         except Exception as exc:
             self._error("submit_load" if load else "submit_store", exc)
-            self._fail(job, f"{type(exc).__name__}: {exc}")
+            if load and bool(job.is_promotion):
+                self._fail_started_load(job, f"{type(exc).__name__}: {exc}")
+            else:
+                self._fail(job, f"{type(exc).__name__}: {exc}")
 
     # -- vLLM's SecondaryTierManager contract ---------------------------------------------------
     def lookup(self, key: Any, req_context: Any) -> Any:
         try:
-            return _LOOKUP[self._tier.lookup(BlockKey(bytes(key)), req_context)]
+            answer = _LOOKUP[self._tier.lookup(BlockKey(bytes(key)), req_context)]
         except Exception as exc:
             self._error("lookup", exc)
             return VllmLookup.MISS
+        if answer is VllmLookup.HIT:
+            self._note_hit(bytes(key), req_context)
+        return answer
+
+    def _note_hit(self, key: bytes, req_context: Any) -> None:
+        req_id = getattr(req_context, "req_id", None)
+        if req_id is None:
+            return
+        hits = self._hits.get(req_id)
+        if hits is None:
+            if len(self._hits) >= _MAX_TRACKED_REQUESTS:
+                del self._hits[next(iter(self._hits))]
+            hits = self._hits[req_id] = set()
+        hits.add(key)
 
     def submit_store(self, job_metadata: Any) -> None:
         self._submit(job_metadata, load=False)
@@ -347,9 +429,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         return out
 
     def has_pending_work(self) -> bool:
-        return bool(self._inflight or self._ready)
+        # Deferred chunks count: vLLM keeps stepping (and polling) until they are released.
+        return bool(self._inflight or self._ready or self._unsafe_events or self._unsafe_results)
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        """vLLM 0.32/0.33's optional hook (their scheduler never calls it; 0.34 removed it)."""
+        self._touch(keys)
+
+    def _touch(self, keys: Iterable[Any]) -> None:
         try:
             self._tier.touch([BlockKey(bytes(k)) for k in keys])
         except Exception as exc:
@@ -358,15 +445,25 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     def on_new_request(self, req_context: Any) -> Any:
         return RequestOffloadingContext()
 
+    def on_request_finished(self, req_context: Any) -> None:
+        """Refresh the blocks this request found in the tier (its lookup hits), once."""
+        req_id = getattr(req_context, "req_id", None)
+        hits = self._hits.pop(req_id, None) if isinstance(req_id, str) else None
+        if hits:
+            self._touch(sorted(hits))
+
     def drain_jobs(self) -> None:
         """Wait until no job touches the primary buffer and every job has a result.
 
         The tier's ``drain`` finishes every copy it started (never aborts one); a job it already
         finished but has not published yet is waited for up to 5 s, then reported failed: vLLM
         asserts that every job is accounted for after a drain, and the bytes of a job that was
-        drained are no longer being copied, so failing it is safe.
+        drained are no longer being copied, so failing it is safe. For the same reason every
+        deferred release (a promotion that failed after it may have started) happens here at the
+        latest, as vLLM 0.34 requires.
         """
         self._tier.drain()
+        self._release_unsafe()
         deadline = time.monotonic() + _DRAIN_REPORT_TIMEOUT
         while True:
             self._collect()
