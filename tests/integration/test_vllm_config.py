@@ -267,3 +267,24 @@ def test_p2p_serve_in_a_kvtier_entry_is_kept_but_not_with_a_directory() -> None:
         "KvtierTier.",
     )
     assert kv_entry["directory"] == "redis://127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize("feeds", [True, False])
+def test_failure_threshold_is_refused_only_for_a_vllm_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, feeds: bool
+) -> None:
+    # vLLM 0.32's EMABackpressureDetector takes no failure_threshold: vLLM's factory would stop with
+    # a TypeError at start-up, so kvtier check names the key instead (compat switch; any vLLM here).
+    from kvtier.integrations.vllm import compat
+
+    monkeypatch.setattr(compat, "FAILED_STORES_FEED_BACKPRESSURE", feeds)
+    bp = {"backpressure_cls": "EMABackpressureDetector", "failure_threshold": 3}
+    raw = _kv_transfer([_kvtier(tmp_path, backpressure=bp)])
+    load_config(raw)  # the config layer knows no vLLM version: kvtier check decides
+    if feeds:
+        assert check_config(raw)["ok"]
+        return
+    with pytest.raises(ConfigError) as err:
+        check_config(raw)
+    assert err.value.key_path == "kv_connector_extra_config.secondary_tiers[0].backpressure.failure_threshold"
+    assert "0.32" in str(err.value) and "\n" not in str(err.value)

@@ -168,3 +168,21 @@ def test_every_job_is_reported_exactly_once(
                 assert jobs[r.job_id].is_promotion and set(r.successful_keys) <= set(jobs[r.job_id].keys)
     finally:
         tier.shutdown()
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", None])
+def test_an_unknown_vllm_is_refused_in_vllms_factory_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str | None
+) -> None:
+    # The installed version as compat read it is replaced: the refusal is checked against what
+    # the factory really does with the tier's constructor error (it must reach the user as is).
+    from kvtier.errors import PluginError
+    from kvtier.integrations.vllm import compat
+
+    monkeypatch.setattr(compat, "VLLM_VERSION", version)
+    with pytest.raises(PluginError) as err:
+        _create(kvtier_entry(tmp_path))
+    message = str(err.value)
+    assert "\n" not in message and "0.32, 0.33, 0.34" in message
+    assert (version or "no vLLM") in message
+    assert not list(tmp_path.iterdir()), "nothing is created before the refusal"

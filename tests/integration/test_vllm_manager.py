@@ -1,4 +1,4 @@
-"""kvtier's tiers inside vLLM 0.33's own ``TieringOffloadingManager`` (CPU only).
+"""kvtier's tiers inside vLLM's own (0.32, 0.33, 0.34) ``TieringOffloadingManager`` (CPU only).
 
 Each test builds vLLM's real ``TieringOffloadingSpec`` and manager (see ``vllm_helpers``): vLLM's
 ``SecondaryTierFactory`` loads ``kvtier.integrations.vllm`` by ``module_path``, vLLM's manager
@@ -8,7 +8,9 @@ cascades stores to it and promotes hits from it. Only the GPU<->CPU copies are d
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from vllm_helpers import (
     ADAPTER,
     assert_exact,
     kvtier_entry,
+    manager_lock,
     need_vllm,
     offload_keys,
     payload,
@@ -24,6 +27,7 @@ from vllm_helpers import (
 
 need_vllm()
 
+from kvtier.integrations.vllm import compat  # noqa: E402
 from kvtier.integrations.vllm import tier as adapter  # noqa: E402
 
 PROBE = {**ADAPTER, "tier": "ProbeTier", "tier_module_path": "vllm_probe_tier"}
@@ -176,6 +180,10 @@ def test_vllm_backpressure_is_fed_and_respected(tmp_path: Path) -> None:
         assert detector.policy.pop_stores_dropped()[0] >= 1
 
 
+@pytest.mark.skipif(
+    not compat.FAILED_STORES_FEED_BACKPRESSURE,
+    reason="vLLM 0.32's tiering manager feeds its detector successful stores only (no failure_threshold)",
+)
 def test_failed_stores_put_the_tier_under_vllm_pressure(tmp_path: Path) -> None:
     bp = {"backpressure_cls": "EMABackpressureDetector", "failure_threshold": 2}
     with vllm_stack(tiers=[{**PROBE, "fail_stores": True, "backpressure": bp}], chunks=32) as stack:
@@ -207,15 +215,16 @@ def test_tier_counters_reach_vllm_metrics(tmp_path: Path) -> None:
         names = stack.spec.build_metric_definitions(stack.config.extra_config)
         assert f"{adapter.METRIC_PREFIX}stores" in names
         stack.store(keys)
-        with stack.manager.lock:
+        with manager_lock(stack.manager):
             stats = stack.manager.get_stats()
             again = stack.manager.get_stats()
         values = stats.data["data"][f"{adapter.METRIC_PREFIX}stores"]
         assert values == {(stack.tier.kvtier_tier.name,): 2}
         # Deltas: a second poll with nothing new reports no kvtier counter.
         assert again is None or f"{adapter.METRIC_PREFIX}stores" not in again.data["data"]
-        info = stack.manager.config_info()
-        assert info[1]["kvtier_tier_type"] == "fs"
+        if compat.HAS_CONFIG_INFO:  # vLLM 0.33's info metric; 0.32 has none
+            info = stack.manager.config_info()
+            assert info[1]["kvtier_tier_type"] == "fs"
 
 
 def test_shutdown_lets_vllm_unmap_its_primary_region(
@@ -224,3 +233,93 @@ def test_shutdown_lets_vllm_unmap_its_primary_region(
     with caplog.at_level(logging.WARNING), vllm_stack(tmp_path) as stack:
         stack.store(offload_keys(2, salt=b"unmap"))
     assert not [r for r in caplog.records if "Keeping" in r.getMessage()]
+
+
+def _start_promotion(stack: Any, key: bytes, req_id: str) -> Any:
+    """One request looks ``key`` up (a tier HIT: vLLM queues a promotion) and the step ends (vLLM
+    submits it); returns the request's context, already reported finished."""
+    from vllm.v1.kv_offload.base import ReqContext, ScheduleEndContext
+
+    ctx = ReqContext(req_id=req_id)
+    with manager_lock(stack.manager):
+        stack.manager.on_new_request(ctx)
+        stack.manager.lookup(key, ctx)
+        stack.manager.on_schedule_end(ScheduleEndContext((req_id,), ()))
+        stack.manager.on_request_finished(ctx)
+    return ctx
+
+
+def test_a_promotion_that_fails_after_starting_never_frees_a_chunk_still_being_written() -> None:
+    # The probe's submit_load hands the job to its I/O, then raises; the I/O writes 0xEE into the
+    # promotion's chunk 0.4 s later. Until then vLLM must not give that chunk to another block: on
+    # vLLM 0.34 through JobResult.deferred_release, on 0.32/0.33 by holding the failed result back.
+    from vllm.v1.kv_offload.base import ReqContext
+
+    held, fresh = offload_keys(2, salt=b"late-write")
+    with vllm_stack(tiers=[PROBE], chunks=1) as stack:
+        stack.store([held])
+        stack.wipe_primary()  # held is in the tier only; the one chunk is free
+        probe = stack.tier.kvtier_tier
+        probe.arm_late_write(0.4)
+        _start_promotion(stack, held, "promote")
+        stack.step()  # vLLM collects the failed promotion
+        if compat.HAS_DEFERRED_RELEASE:  # 0.34: failed at once, its chunk kept out of the free pool
+            assert stack.manager._deferred_releases and stack.manager._jobs == {}
+        else:  # 0.32/0.33: the failed result waits until the late write is over
+            assert stack.manager._jobs and stack.tier.has_pending_work()
+        ctx = ReqContext(req_id="store-fresh")
+        deadline = time.monotonic() + 20
+        with manager_lock(stack.manager):
+            stack.manager.on_new_request(ctx)
+        while True:
+            rows = stack.rows()
+            with manager_lock(stack.manager):
+                out = stack.manager.prepare_store([fresh], ctx)
+                if out is not None:
+                    writer_done = probe.late_writes_done == 1
+                    (chunk,) = out.store_spec.chunk_ids
+                    rows[int(chunk)] = payload(fresh, rows.shape[1])  # the GPU->CPU copy
+                    stack.manager.complete_store([fresh], ctx)
+                    stack.manager.on_request_finished(ctx)
+            del rows
+            if out is not None:
+                break
+            assert time.monotonic() < deadline, "the chunk never came back"
+            stack.step()
+            time.sleep(0.01)
+        assert writer_done, "vLLM reused the chunk while the failed promotion could still write it"
+        stack.settle()
+        assert_exact(stack.load([fresh]), [fresh])
+
+
+def test_drain_releases_every_deferred_chunk_before_it_returns() -> None:
+    # vLLM 0.34's reset_cache asserts that no deferred release is pending after drain_jobs.
+    (held,) = offload_keys(1, salt=b"late-drain")
+    with vllm_stack(tiers=[PROBE], chunks=2) as stack:
+        stack.store([held])
+        stack.wipe_primary()
+        probe = stack.tier.kvtier_tier
+        probe.arm_late_write(0.3)
+        _start_promotion(stack, held, "promote")
+        stack.step()  # vLLM collects the failed promotion (0.34: with its unset event)
+        stack.reset()  # drain_jobs, then vLLM's own checks
+        assert probe.late_writes_done == 1
+        assert stack.manager._jobs == {}
+        assert not getattr(stack.manager, "_deferred_releases", None)
+        assert not stack.tier.has_pending_work()
+
+
+def test_a_lookup_hit_refreshes_the_block_in_the_tier_when_the_request_finishes() -> None:
+    # vLLM never calls touch (0.34 removed it): the adapter takes recency from lookups, applied
+    # once per request at on_request_finished, which vLLM's manager passes on to its tiers.
+    keys = offload_keys(3, salt=b"recency")
+    with vllm_stack(tiers=[PROBE]) as stack:
+        stack.store(keys)
+        stack.wipe_primary()
+        probe = stack.tier.kvtier_tier
+        probe.touched.clear()
+        assert_exact(stack.load(keys), keys)
+        stack.settle()
+        assert len(probe.touched) == 1, probe.touched  # one refresh for the request
+        assert sorted(probe.touched[0]) == sorted(keys)
+        assert stack.tier._hits == {}

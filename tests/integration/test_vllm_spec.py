@@ -7,7 +7,7 @@ engine with its fs tier on a real directory, and the manager calls in the order 
 ``OffloadingConnectorScheduler`` makes them (``offloading/scheduler.py``: ``on_new_request`` 1201,
 ``lookup`` 786, ``prepare_load`` 1474, ``prepare_store`` 1988, ``complete_store``/``complete_load``
 2291-2293, ``on_request_finished`` 2182, ``on_schedule_end`` 2195, ``has_pending_work`` 2216), each
-under ``manager.lock``.
+under ``manager.lock`` (vLLM 0.33+; 0.32 has no lock: :func:`vllm_helpers.manager_lock`).
 
 Faked, because it needs a GPU: the worker's DMA. vLLM's ``CPUOffloadingWorker`` copies GPU blocks
 into the view ``SharedOffloadRegion.create_next_worker_view`` gives it (``cpu/gpu_worker.py``
@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_helpers import ROW_BYTES, need_vllm, offload_keys, offloading_config, payload
+from vllm_helpers import ROW_BYTES, manager_lock, need_vllm, offload_keys, offloading_config, payload
 
 from kvtier.errors import KvtierError
+from kvtier.integrations.vllm import compat
 
 need_vllm()
 
@@ -125,18 +126,18 @@ class Scheduler:
     def request(self) -> ReqContext:
         self._n += 1
         ctx = ReqContext(req_id=f"req-{self._n}")
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_new_request(ctx)
         return ctx
 
     def end_step(self, new: Sequence[str] = ()) -> None:
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_schedule_end(ScheduleEndContext(tuple(new), ()))
 
     def settle(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 if not self.manager.has_pending_work():
                     return
             self.end_step()
@@ -146,14 +147,14 @@ class Scheduler:
     def store(self, keys: Sequence[bytes]) -> Any:
         """prepare_store -> the worker's copy into the chunks -> complete_store(set(keys_to_store))."""
         ctx = self.request()
-        with self.manager.lock:
+        with manager_lock(self.manager):
             out = self.manager.prepare_store(list(keys), ctx)
         if out is not None and out.keys_to_store:
             ids = out.store_spec.block_ids
             self.worker.call("store", ids, [payload(k) for k in out.keys_to_store])
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 self.manager.complete_store(set(out.keys_to_store), ctx)
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_request_finished(ctx)
         self.end_step([ctx.req_id])
         return out
@@ -166,7 +167,7 @@ class Scheduler:
         self.first: list[LookupResult] | None = None
         while True:
             answers: list[LookupResult] = []
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 for key in keys:
                     answers.append(self.manager.lookup(key, ctx))
                     if answers[-1] is LookupResult.MISS:
@@ -181,20 +182,21 @@ class Scheduler:
     def load(self, keys: Sequence[bytes]) -> list[np.ndarray]:
         """prepare_load -> the worker's copy out of the chunks -> complete_load(set(keys))."""
         ctx = self.request()
-        with self.manager.lock:
+        with manager_lock(self.manager):
             spec = self.manager.prepare_load(list(keys), ctx)
         rows: list[np.ndarray] = self.worker.call("load", spec.block_ids)
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.complete_load(set(keys), ctx)
             self.manager.on_request_finished(ctx)
         self.end_step()
         return rows
 
     def reset(self) -> None:
-        """vLLM's reset_cache with no job in flight: on_reset_flushed follows at once."""
-        with self.manager.lock:
+        """vLLM's reset_cache with no job in flight: on_reset_flushed follows at once (0.33+)."""
+        with manager_lock(self.manager):
             self.manager.reset_cache()
-            self.manager.on_reset_flushed()
+            if compat.HAS_RESET_FLUSHED:
+                self.manager.on_reset_flushed()
 
 
 def extra(kvtier: Mapping[str, Any] | str, chunks: int = 8, **more: Any) -> dict[str, Any]:
@@ -240,6 +242,15 @@ def stack(
         for path in glob.glob(f"/dev/shm/vllm_offload_{cfg.engine_id}*"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def test_an_unknown_vllm_is_refused_when_vllms_factory_builds_the_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compat, "VLLM_VERSION", "0.35.0")
+    with pytest.raises(KvtierError) as err:
+        OffloadingSpecFactory.create_spec(offloading_config(extra({})))
+    assert "vLLM 0.35.0 is installed" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_vllms_factory_loads_the_spec_and_the_worker_side_stays_vllms(tmp_path: Path) -> None:
@@ -352,13 +363,13 @@ def test_a_hit_stays_loadable_while_a_later_chunk_asks_for_a_promotion(tmp_path:
         s.store([hit])  # the one chunk holds hit
         s.settle()  # its write-through copy is done: the chunk is unpinned
         ctx = s.request()
-        with s.manager.lock:  # one step of the prefix scan, then the pin (scheduler.py 786, 1474)
+        with manager_lock(s.manager):  # one step of the prefix scan, then the pin (scheduler.py 786, 1474)
             assert s.manager.lookup(hit, ctx) is LookupResult.HIT
             # Promoting in_fs would need hit's chunk: refused (no evictable slot), so vLLM recomputes.
             assert s.manager.lookup(in_fs, ctx) is LookupResult.MISS
             spec = s.manager.prepare_load([hit], ctx)
         assert np.array_equal(s.worker.call("load", spec.block_ids)[0], payload(hit))
-        with s.manager.lock:
+        with manager_lock(s.manager):
             s.manager.complete_load({hit}, ctx)
             s.manager.on_request_finished(ctx)
         s.end_step([ctx.req_id])
@@ -370,13 +381,34 @@ def test_reset_keeps_chunks_of_transfers_in_flight_until_the_workers_are_done(tm
     keys = offload_keys(2, salt=b"fence")
     with stack({}, chunks=2) as s:
         ctx = s.request()
-        with s.manager.lock:
+        with manager_lock(s.manager):
             out = s.manager.prepare_store(keys, ctx)
             s.manager.reset_cache()  # vLLM drops the job; its worker may still be copying
             assert s.manager.prepare_store(offload_keys(1, salt=b"other"), ctx) is None
             s.manager.on_reset_flushed()
             again = s.manager.prepare_store(offload_keys(1, salt=b"other"), ctx)
         assert len(out.keys_to_store) == 2 and again is not None and len(again.keys_to_store) == 1
+
+
+def test_on_vllm_032_a_later_completed_transfer_releases_the_chunks_fenced_at_a_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM 0.32 never calls on_reset_flushed: its workers wait for the dropped jobs at the start of
+    # the next step, so a transfer prepared after the reset completing proves they are done.
+    monkeypatch.setattr(compat, "HAS_RESET_FLUSHED", False)
+    keys = offload_keys(2, salt=b"fence32")
+    with stack({}, chunks=3) as s:
+        ctx = s.request()
+        with manager_lock(s.manager):
+            out = s.manager.prepare_store(keys, ctx)
+            s.manager.reset_cache()  # both chunks stay reserved: a worker may still copy into them
+            first = s.manager.prepare_store(offload_keys(1, salt=b"after"), ctx)
+            assert first is not None and len(first.keys_to_store) == 1
+            assert s.manager.prepare_store(offload_keys(2, salt=b"more"), ctx) is None
+            s.manager.complete_store(set(first.keys_to_store), ctx)  # a post-reset job completed
+            more = s.manager.prepare_store(offload_keys(2, salt=b"more"), ctx)
+        assert len(out.keys_to_store) == 2
+        assert more is not None and len(more.keys_to_store) == 2
 
 
 @pytest.mark.parametrize(
@@ -515,9 +547,19 @@ def test_contract_the_scheduler_completes_transfers_by_key_set_and_never_touches
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
 
     src = inspect.getsource(scheduler.OffloadingConnectorScheduler)
-    assert "keys=set(store_output.keys_to_store)" in src
-    assert "keys=set(keys_to_load)" in src
-    assert "self.manager.complete_store(job_status.keys, req_status.req_context)" in src
+    line = compat.parse_version(compat.VLLM_VERSION)
+    if line is not None and line >= (0, 34):
+        # 0.34: the job's keys are an ordered, de-duplicated tuple of the same keys (the manager
+        # books handles by frozenset, so either form finds them); a failed store says so.
+        assert "keys=tuple(dict.fromkeys(store_output.keys_to_store))" in src
+        assert "keys=tuple(dict.fromkeys(keys_to_load))" in src
+        assert "ordered_keys_to_store = tuple(dict.fromkeys(store_output.keys_to_store))" in src
+        assert re.search(r"self\.manager\.complete_store\(\s*job_status\.keys,", src)
+        assert "success=not job_status.failed" in src
+    else:
+        assert "keys=set(store_output.keys_to_store)" in src
+        assert "keys=set(keys_to_load)" in src
+        assert "self.manager.complete_store(job_status.keys, req_status.req_context)" in src
     assert "self.manager.complete_load(job_status.keys, req_status.req_context)" in src
     assert "self.manager.touch(" not in src
 

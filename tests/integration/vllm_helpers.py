@@ -1,10 +1,11 @@
 """vLLM's own scheduler-side offloading stack on CPU, driven the way vLLM's scheduler drives it.
 
-:class:`VllmStack` builds vLLM 0.33's ``TieringOffloadingSpec`` from an ``OffloadingConfig`` (the
-normalized config vLLM derives from the model and ``--kv-transfer-config``) and takes its real
-``TieringOffloadingManager``: vLLM's CPU primary tier over a ``/dev/shm`` region, vLLM's
-``SecondaryTierFactory`` loading ``kvtier.integrations.vllm`` by ``module_path``, vLLM's manager
-lock, cascades, promotions, back-pressure and metrics.
+:class:`VllmStack` builds vLLM's ``TieringOffloadingSpec`` (0.32, 0.33 or 0.34) from an
+``OffloadingConfig`` (the normalized config vLLM derives from the model and
+``--kv-transfer-config``) and takes its real ``TieringOffloadingManager``: vLLM's CPU primary
+tier over a ``/dev/shm`` region, vLLM's ``SecondaryTierFactory`` loading
+``kvtier.integrations.vllm`` by ``module_path``, vLLM's manager lock (0.33+), cascades,
+promotions, back-pressure and metrics.
 
 The one thing faked is what needs a GPU: the GPU->CPU copy of a stored block. Where vLLM's worker
 would DMA a block into its primary chunk, :meth:`VllmStack.store` writes the bytes into that chunk
@@ -59,6 +60,20 @@ def need_vllm() -> Any:
                 False, f"{name} is not importable ({exc}): pip install --no-deps -r .ci/vllm-requirements.txt"
             )
     return sys.modules[_VLLM_MODULES[0]]
+
+
+def manager_lock(manager: Any) -> contextlib.AbstractContextManager[Any]:
+    """The lock vLLM's scheduler holds around every manager call.
+
+    vLLM 0.33 added ``OffloadingManager.lock`` (a real lock on the tiering manager, which a
+    tier-poll thread also takes); 0.32 has none: its manager is entered from one thread only.
+    """
+    from kvtier.integrations.vllm import compat
+
+    if compat.HAS_MANAGER_LOCK:
+        lock: contextlib.AbstractContextManager[Any] = manager.lock
+        return lock
+    return contextlib.nullcontext()
 
 
 def kvtier_entry(root: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
@@ -163,7 +178,7 @@ class VllmStack:
     def step(self) -> None:
         from vllm.v1.kv_offload.base import ScheduleEndContext
 
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_schedule_end(ScheduleEndContext((), ()))
 
     def settle(self, timeout: float = 30.0) -> None:
@@ -171,7 +186,7 @@ class VllmStack:
         deadline = time.monotonic() + timeout
         while True:
             self.step()
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 if not self.manager.has_pending_work():
                     return
             if time.monotonic() > deadline:
@@ -182,7 +197,7 @@ class VllmStack:
         """One request stores ``keys``: prepare_store, the (faked) GPU copy, complete_store."""
         ctx = self._ctx()
         rows = self.rows()
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_new_request(ctx)
             out = self.manager.prepare_store(list(keys), ctx)
             assert out is not None, "vLLM's primary tier refused the store"
@@ -202,13 +217,13 @@ class VllmStack:
         from vllm.v1.kv_offload.base import LookupResult, ScheduleEndContext
 
         ctx = self._ctx()
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_new_request(ctx)
         answers: dict[bytes, Any] = {}
         deadline = time.monotonic() + timeout
         first = True
         while True:
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 for key in keys:
                     if answers.get(key) not in (LookupResult.HIT, LookupResult.MISS):
                         answers[key] = self.manager.lookup(key, ctx)
@@ -223,7 +238,7 @@ class VllmStack:
         hits = [k for k in keys if answers[k] is LookupResult.HIT]
         out: dict[bytes, np.ndarray | None] = {k: None for k in keys}
         rows = self.rows()
-        with self.manager.lock:
+        with manager_lock(self.manager):
             if hits:
                 spec = self.manager.prepare_load(hits, ctx)
                 for key, chunk in zip(hits, spec.chunk_ids, strict=True):
@@ -235,9 +250,12 @@ class VllmStack:
 
     def reset(self) -> None:
         """vLLM's reset_cache (sleep / weight update): drains tiers, empties the primary tier."""
-        with self.manager.lock:
+        from kvtier.integrations.vllm import compat
+
+        with manager_lock(self.manager):
             self.manager.reset_cache()
-            self.manager.on_reset_flushed()
+            if compat.HAS_RESET_FLUSHED:  # 0.32's scheduler has no such call (nor its manager)
+                self.manager.on_reset_flushed()
 
     def wipe_primary(self) -> None:
         """Empty the primary tier and overwrite every chunk, so a load must really copy bytes."""

@@ -8,6 +8,9 @@ job, to hold copies in flight across a drain) or faulty in the ways a buggy or f
 a partial success), ``drop_first_stored`` (a store job's first block is evicted again before the job
 is reported). Blocks it stops holding are noted in the contract's removal log. The adapter must
 turn all of these into vLLM's contract: no exception, one report per job.
+:meth:`ProbeTier.arm_late_write` makes the next ``submit_load`` start its I/O and then raise, the I/O
+writing garbage into the job's slots a moment later (a backend that failed half-way through a submit).
+``touched`` records every ``touch`` call.
 """
 
 from __future__ import annotations
@@ -53,6 +56,20 @@ class ProbeTier(SecondaryTier):
         self._results: list[JobResult] = []
         self._futures: list[Any] = []
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe-tier")
+        self._late_write: float | None = None
+        self.late_writes_done = 0
+        self.touched: list[list[BlockKey]] = []
+
+    def arm_late_write(self, seconds: float) -> None:
+        """The next ``submit_load`` queues a write of 0xEE into its slots ``seconds`` later, then raises."""
+        self._late_write = seconds
+
+    def _write_late(self, job: TransferJob, seconds: float) -> None:
+        time.sleep(seconds)
+        for slot in job.slot_ids:
+            self.slot_array(int(slot))[:] = 0xEE
+        with self._lock:
+            self.late_writes_done += 1
 
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
         self.stats.lookups += 1
@@ -115,6 +132,10 @@ class ProbeTier(SecondaryTier):
         self._submit(job, load=False)
 
     def submit_load(self, job: TransferJob) -> None:
+        late, self._late_write = self._late_write, None
+        if late is not None:
+            self._futures.append(self._pool.submit(self._write_late, job, late))
+            raise RuntimeError("probe tier: backend failed after starting the load")
         self._submit(job, load=True)
 
     def get_finished_jobs(self) -> list[JobResult]:
@@ -133,7 +154,7 @@ class ProbeTier(SecondaryTier):
             self.max_copies_seen_by_drain = max(self.max_copies_seen_by_drain, self.copies_running)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        return None
+        self.touched.append(list(keys))
 
     def shutdown(self) -> None:
         self.drain()

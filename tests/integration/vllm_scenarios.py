@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vllm_helpers import ADAPTER, VllmStack, assert_exact, offload_keys, vllm_stack
+from vllm_helpers import ADAPTER, VllmStack, assert_exact, manager_lock, offload_keys, vllm_stack
 
 __all__ = [
     "load_until_hit",
@@ -77,7 +77,7 @@ def _assert_secondary_hit(stack: VllmStack, keys: Sequence[bytes]) -> None:
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
     ctx = ReqContext(req_id="direct-lookup")
-    with stack.manager.lock:
+    with manager_lock(stack.manager):
         answers = [stack.tier.lookup(k, ctx) for k in keys]
     assert answers == [LookupResult.HIT] * len(keys), answers
 

@@ -30,6 +30,7 @@ import argparse
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +142,16 @@ def _round_trip(tier: Any, rows: Any, block_bytes: int, timeout: float, check: T
     check.ok = True
 
 
+def _check_installed_vllm(raw: Mapping[str, Any]) -> None:
+    """Keys of a ``--kv-transfer-config`` the installed vLLM would refuse (none without vLLM)."""
+    from kvtier.config.vllm import check_vllm_version_keys
+    from kvtier.integrations.vllm import compat
+
+    if compat.VLLM_VERSION is None:
+        return
+    check_vllm_version_keys(raw, failure_threshold=compat.FAILED_STORES_FEED_BACKPRESSURE)
+
+
 def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     """Run the check; returns the report ``kvtier check --json`` prints.
 
@@ -158,6 +169,8 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     from kvtier.specs.base import OffloadingSpec
 
     cfg = load_config(source)
+    if isinstance(cfg.raw, Mapping):
+        _check_installed_vllm(cfg.raw)
     preflight(cfg)  # what Engine checks first; the spec checks every tier before building any
     spec: OffloadingSpec = create_spec(cfg)
     policy = spec.create_policy(max(1, spec.num_primary_slots))

@@ -421,6 +421,27 @@ def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
     return {"cpu_bytes_to_use": extra["cpu_bytes_to_use"], "secondary_tiers": tiers}, indices
 
 
+def check_vllm_version_keys(raw: Mapping[str, Any], *, failure_threshold: bool) -> None:
+    """Refuse keys of vLLM's ``--kv-transfer-config`` that the installed vLLM would stop on.
+
+    ``failure_threshold``: whether its ``EMABackpressureDetector`` takes ``failure_threshold``
+    (vLLM 0.33+; the caller asks ``kvtier.integrations.vllm.compat``, which this layer must not
+    import). vLLM 0.32's factory would raise a ``TypeError`` at start-up; this names the key.
+    """
+    extra = raw.get(EXTRA)
+    if failure_threshold or not isinstance(extra, Mapping):
+        return
+    tiers = extra.get("secondary_tiers")
+    for i, entry in enumerate(tiers if isinstance(tiers, list) else []):
+        bp = entry.get("backpressure") if isinstance(entry, Mapping) else None
+        if isinstance(bp, Mapping) and "failure_threshold" in bp:
+            raise ConfigError(
+                f"{EXTRA}.secondary_tiers[{i}].backpressure.failure_threshold",
+                "vLLM 0.32's EMABackpressureDetector has no failure_threshold (added in vLLM 0.33): "
+                "remove it, or upgrade vLLM",
+            )
+
+
 def vllm_owned_tiers(raw: Mapping[str, Any]) -> list[str]:
     """``type`` of every entry of vLLM's ``secondary_tiers`` that vLLM builds itself (not kvtier's)."""
     extra = raw.get(EXTRA)

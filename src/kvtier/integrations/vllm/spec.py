@@ -1,4 +1,8 @@
-"""kvtier's whole engine as vLLM 0.33's offloading spec: ``spec_name`` + ``spec_module_path``.
+"""kvtier's whole engine as vLLM's offloading spec: ``spec_name`` + ``spec_module_path``.
+
+Supported on vLLM 0.32, 0.33 and 0.34 (:mod:`.compat`; any other vLLM is refused when vLLM's
+factory builds the spec). On 0.32, which never calls ``on_reset_flushed``, the chunks fenced at a
+``reset_cache`` are released when a transfer prepared after the reset completes.
 
 vLLM's ``OffloadingSpecFactory`` loads it with no registration and no patch::
 
@@ -54,6 +58,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.config import load_config
 from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
+from kvtier.integrations.vllm import compat
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
 
@@ -108,6 +113,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):  # type: ignore[misc,unused-i
         return ()
 
     def __init__(self, config: Any) -> None:
+        compat.require_supported_vllm()
         super().__init__(config)
         # Checked here, in every process, so a bad config fails at start rather than at first use.
         self.kvtier_config = engine_config(
@@ -212,6 +218,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         handle = _pop(self._loads, keys)
         if handle is not None:
             self.engine.complete_load(handle)
+            self._after_reset_progress()
 
     # -- stores ------------------------------------------------------------------------------
     def prepare_store(self, keys: Collection[OffloadKey], req_context: Any) -> PrepareStoreOutput | None:
@@ -249,6 +256,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         handle = _pop(self._stores, keys)
         if handle is not None:
             self.engine.complete_store(handle, success)
+            self._after_reset_progress()
 
     # -- steps, events -----------------------------------------------------------------------
     def on_schedule_end(self, context: Any) -> None:
@@ -295,6 +303,18 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
                 self._fenced.extend(handles)
             book.clear()
         self.engine.reset()
+
+    def _after_reset_progress(self) -> None:
+        """vLLM 0.32: release the slots fenced at a reset once a later transfer has completed.
+
+        0.32 never calls ``on_reset_flushed``: its ``reset_cache`` has the workers wait for the
+        dropped jobs at the start of the next step (``jobs_to_flush``, ``offloading/worker.py``
+        236-244) and discards their completions. Books are emptied at the reset, so any handle
+        completed here was prepared after it; its workers ran the flush step first, so no dropped
+        job still copies. Without traffic the slots stay reserved, which is safe.
+        """
+        if self._fenced and not compat.HAS_RESET_FLUSHED:
+            self.on_reset_flushed()
 
     def on_reset_flushed(self) -> None:
         fenced, self._fenced = self._fenced, []

@@ -1,4 +1,4 @@
-"""kvtier inside vLLM 0.33: a ``SecondaryTierManager`` that runs any kvtier secondary tier.
+"""kvtier inside vLLM (0.32, 0.33, 0.34): a ``SecondaryTierManager`` that runs any kvtier tier.
 
 vLLM's ``SecondaryTierFactory`` loads it from ``kv_connector_extra_config.secondary_tiers`` with no
 registration and no patch::
@@ -30,8 +30,17 @@ What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.
       detector counts as failures. The adapter never stores behind vLLM's back: the manager consults
       the detector before every cascade and the adapter adds no queue of its own.
     * **Never crashes the engine.** A backend error is a MISS or a failed job, logged rate-limited.
-    * **Newer vLLM.** Keyword arguments neither vLLM 0.33 nor the kvtier tier knows are accepted and
-      logged once per process (``kvtier check`` refuses them in a config file).
+    * **A failed promotion never frees chunks still being written.** When a tier's ``submit_load``
+      raises, it may already have handed part of the job to its I/O. On vLLM 0.34 the failed result
+      carries ``deferred_release``, an event set once the tier has no job in flight (or its
+      ``drain`` returned: always before ``drain_jobs`` returns); on 0.32/0.33, which have no such
+      field, the failed result itself is held back until then, so vLLM keeps the chunks reserved.
+    * **Recency without ``touch``.** vLLM's scheduler never calls ``touch`` (0.34 removed it), so a
+      block a request found in the tier (a lookup HIT) is refreshed in the tier's eviction order when
+      vLLM reports the request finished (``on_request_finished``), once per request.
+    * **Versions.** vLLM 0.32, 0.33 and 0.34 (:mod:`.compat`); any other vLLM is refused when the
+      factory builds the tier. Keyword arguments neither that vLLM nor the kvtier tier knows are
+      accepted and logged once per process (``kvtier check`` refuses them in a config file).
 
 Remote tiers (``redis``, ``obj``, ``mooncake``, ``p2p``) take their options in the same entry;
 secrets come from environment variables the entry names (``password_env``, ``secret_key_env``,
@@ -78,24 +87,31 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
+from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.events import TierEvents
+from kvtier.integrations.vllm.logonce import log_once as _log_once
+from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.plugins import TIERS, create_tier
 from kvtier.tiers.base import SecondaryTier, TierContext, TierStats
 
-__all__ = ["METRIC_LABEL", "METRIC_PREFIX", "KvtierTier"]
+__all__ = ["METRIC_LABEL", "METRIC_PREFIX", "KvtierTier", "reset_log_once"]
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
 METRIC_PREFIX = "kvtier:tier_"
 METRIC_LABEL = "kvtier_tier"
 _COUNTERS = tuple(TierStats().as_dict())
-# Constructor arguments vLLM 0.33's factory supplies itself (never tier options).
+# Constructor arguments vLLM's factory supplies itself (never tier options; 0.32-0.34 alike).
 _VLLM_SUPPLIED = ("offloading_spec", "primary_kv_view", "tier_type", "backpressure_detector")
 _KVTIER_SUPPLIED = ("primary_kv_view", "context")
 # After drain, how long to wait for a tier to publish results of jobs it already finished.
 _DRAIN_REPORT_TIMEOUT = 5.0
 _LOG_INTERVAL = 10.0
+# Requests whose lookup hits are kept for the finish-time refresh; beyond it the oldest go (a
+# request vLLM never reports finished must not grow the map without bound).
+_MAX_TRACKED_REQUESTS = 4096
 
 _LOOKUP = {
     LookupResult.HIT: VllmLookup.HIT,
@@ -105,27 +121,6 @@ _LOOKUP = {
     LookupResult.RETRY: VllmLookup.RETRY,
 }
 _MEDIUM = {"CPU": (Medium.CPU, CacheHitSource.HOST), "STORAGE": (Medium.STORAGE, CacheHitSource.DISK)}
-
-# OffloadingEvent's fields in this vLLM (ownership / removal_expected are newer than some releases).
-_EVENT_FIELDS = frozenset(getattr(OffloadingEvent, "__dataclass_fields__", ()))
-
-_once_lock = threading.Lock()
-_once_seen: set[str] = set()
-
-
-def _log_once(key: str, msg: str, *args: object) -> None:
-    """Log a WARNING the first time ``key`` is seen in this process."""
-    with _once_lock:
-        if key in _once_seen:
-            return
-        _once_seen.add(key)
-    log.warning(msg, *args)
-
-
-def reset_log_once() -> None:
-    """Forget which once-per-process warnings were logged (for tests)."""
-    with _once_lock:
-        _once_seen.clear()
 
 
 def _accepted_options(cls: type[Any]) -> set[str] | None:
@@ -171,6 +166,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         backpressure_detector: Any = None,
         **options: Any,
     ) -> None:
+        compat.require_supported_vllm()
         super().__init__(
             offloading_spec=offloading_spec,
             primary_kv_view=primary_kv_view,
@@ -220,16 +216,20 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         self.locality = None if locality is None else Locality(locality)
         self._kvtier_type = opts.tier
         #: vLLM KV events of this tier (stored / removed), ``None`` when not published (see take_events).
-        self._events: list[OffloadingEvent] | None = None
-        #: Per in-flight store job (events only): its keys the tier reported removed meanwhile.
-        self._gone: dict[int, set[bytes]] = {}
+        self._events: TierEvents | None = None
         if opts.enable_kv_events:
-            self._enable_events(offloading_spec, tier_type)
+            self._events = TierEvents.enable(offloading_spec, self._tier, tier_type, _log_once)
+            if self._events is not None:
+                self._events.medium, self._events.locality = self.medium, self.locality
         self._inflight: dict[int, Any] = {}
         self._ready: list[VllmJobResult] = []
         self._service: Any = None
         self._served: Any = None
         self._start_serving(primary_kv_view)
+        # Failed promotions whose I/O may still write their chunks (see _fail_started_load).
+        self._unsafe_events: list[threading.Event] = []  # vLLM 0.34: events not set yet
+        self._unsafe_results: list[VllmJobResult] = []  # vLLM 0.32/0.33: results held back
+        self._hits: dict[str, set[bytes]] = {}  # req_id -> keys a lookup answered HIT
         self._last_counters: dict[str, int] = {}
         self._next_error_log = 0.0
         log.info(
@@ -327,17 +327,65 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             log.warning("kvtier: tier %r %s failed: %s: %s", self._tier.name, what, type(exc).__name__, exc)
 
     def _fail(self, job: Any, reason: str) -> None:
-        self._gone.pop(job.job_id, None)
+        if self._events is not None:
+            self._events.forget(job.job_id)
         if self._inflight.pop(job.job_id, None) is not None:
             self._ready.append(
                 VllmJobResult(job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0)
             )
         log.debug("kvtier: job %s failed before it started: %s", job.job_id, reason)
 
+    def _fail_started_load(self, job: Any, reason: str) -> None:
+        """Fail a promotion whose ``submit_load`` raised: the tier may have started part of it.
+
+        Its chunks must not go back to vLLM's free pool while the tier's I/O may still write them.
+        vLLM 0.34 takes the failed result now with a ``deferred_release`` event, set by
+        :meth:`_release_if_quiet`; older vLLM frees a failed promotion's chunks at once, so the
+        result itself waits there.
+        """
+        if self._inflight.pop(job.job_id, None) is None:
+            return
+        log.debug("kvtier: promotion %s failed after it may have started: %s", job.job_id, reason)
+        if compat.HAS_DEFERRED_RELEASE:
+            event = threading.Event()
+            self._unsafe_events.append(event)
+            # A field of vLLM 0.34's JobResult only (the type checker may see an older vLLM).
+            since_034: dict[str, Any] = {"deferred_release": event}
+            self._ready.append(
+                VllmJobResult(
+                    job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0, **since_034
+                )
+            )
+        else:
+            self._unsafe_results.append(
+                VllmJobResult(job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0)
+            )
+
+    def _release_unsafe(self) -> None:
+        """The tier's I/O can no longer touch the primary: release every deferred chunk."""
+        for event in self._unsafe_events:
+            event.set()
+        self._unsafe_events.clear()
+        self._ready.extend(self._unsafe_results)
+        self._unsafe_results.clear()
+
+    def _release_if_quiet(self) -> None:
+        """Release deferred chunks once the tier has no job in flight (non-blocking)."""
+        if not (self._unsafe_events or self._unsafe_results):
+            return
+        try:
+            busy = self._tier.has_pending_work()
+        except Exception as exc:
+            self._error("has_pending_work", exc)
+            return  # unknown: keep the chunks until drain_jobs
+        if not busy:
+            self._release_unsafe()
+
     def _collect(self) -> None:
         """Move the tier's new results into ``_ready``, once per in-flight job id."""
         if self._events is not None:
-            self._take_removals()
+            self._events.take_removals(self._inflight)
+        self._release_if_quiet()
         try:
             results = self._tier.get_finished_jobs()
         except Exception as exc:
@@ -354,80 +402,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
                 )
                 continue
             if self._events is not None and not job.is_promotion:
-                self._stored_event(job, result)
+                self._events.stored(job, result)
             self._ready.append(self._to_vllm(job, result))
 
-    # -- KV events ---------------------------------------------------------------------------
-    def _enable_events(self, offloading_spec: Any, tier_type: str) -> None:
-        """Publish this tier's KV events, as vLLM's own fs tier does: only while vLLM publishes KV
-        cache events at all (``kv_events_config``), else vLLM never drains ``take_events``."""
-        events_config = getattr(offloading_spec, "kv_events_config", None)
-        if not getattr(events_config, "enable_kv_cache_events", False):
-            _log_once(
-                f"events-off:{tier_type}",
-                "kvtier: enable_kv_events is set on tier %r but vLLM's KV cache events are disabled "
-                "(--kv-events-config); the tier emits no events",
-                tier_type,
-            )
-            return
-        if getattr(self._tier, "stores_nothing", False):
-            _log_once(
-                f"events-none:{tier_type}",
-                "kvtier: tier %r stores nothing of its own (its hits are other instances' blocks); it "
-                "emits no KV events",
-                tier_type,
-            )
-            return
-        self._events = []
-        self._tier.removals.enable()
-
-    def _event(self, keys: list[Any], *, removed: bool) -> OffloadingEvent:
-        fields: dict[str, Any] = {
-            "keys": keys,
-            "medium": self.medium,
-            "removed": removed,
-            "locality": self.locality,
-            # Which tier holds it, so a router (and vLLM's event tracker) keeps this residency
-            # apart from the primary tier's and from other tiers of the same medium.
-            "ownership": self._tier.name,
-            # Every block announced here is also announced when it goes.
-            "removal_expected": not removed,
-        }
-        return OffloadingEvent(**{k: v for k, v in fields.items() if k in _EVENT_FIELDS})
-
-    def _take_removals(self) -> None:
-        """The tier's removals since the last call become ``removed`` events.
-
-        A key removed while a store job that includes it is in flight is remembered for that job,
-        so its ``stored`` event (published when the job is collected, possibly later) leaves it
-        out: otherwise a router would be told the tier holds a block it already dropped. At worst a
-        block is then announced late or never, which costs a router a missed hint, not a miss.
-        """
-        removed = self._tier.removals.take()
-        if not removed:
-            return
-        assert self._events is not None
-        gone = {bytes(k) for k in removed}
-        for job_id, job in self._inflight.items():
-            if not job.is_promotion:
-                hit = gone.intersection(bytes(k) for k in job.keys)
-                if hit:
-                    self._gone.setdefault(job_id, set()).update(hit)
-        self._events.append(self._event([bytes(k) for k in removed], removed=True))
-
-    def _stored_event(self, job: Any, result: JobResult) -> None:
-        assert self._events is not None
-        gone = self._gone.pop(job.job_id, set())
-        held = result.successful_keys
-        if result.success:
-            keys = [k for k in job.keys if bytes(k) not in gone]
-        elif held:
-            keys = [k for k in job.keys if bytes(k) in held and bytes(k) not in gone]
-        else:
-            keys = []
-        if keys:
-            self._events.append(self._event(list(keys), removed=False))
-
+    # -- KV events (see .events) ---------------------------------------------------------------
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Blocks stored into and removed from the kvtier tier since the last call, in order.
 
@@ -439,9 +417,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         if self._events is None:
             return []
         # Removals only: finished jobs wait for vLLM's own poll (their stored events come then).
-        self._take_removals()
-        out, self._events = self._events, []
-        return out
+        return self._events.take(self._inflight)
 
     def _submit(self, job: Any, load: bool) -> None:
         self._inflight[job.job_id] = job
@@ -453,15 +429,32 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
                 self._tier.submit_store(kv_job)
         except Exception as exc:
             self._error("submit_load" if load else "submit_store", exc)
-            self._fail(job, f"{type(exc).__name__}: {exc}")
+            if load and bool(job.is_promotion):
+                self._fail_started_load(job, f"{type(exc).__name__}: {exc}")
+            else:
+                self._fail(job, f"{type(exc).__name__}: {exc}")
 
     # -- vLLM's SecondaryTierManager contract ---------------------------------------------------
     def lookup(self, key: Any, req_context: Any) -> Any:
         try:
-            return _LOOKUP[self._tier.lookup(BlockKey(bytes(key)), req_context)]
+            answer = _LOOKUP[self._tier.lookup(BlockKey(bytes(key)), req_context)]
         except Exception as exc:
             self._error("lookup", exc)
             return VllmLookup.MISS
+        if answer is VllmLookup.HIT:
+            self._note_hit(bytes(key), req_context)
+        return answer
+
+    def _note_hit(self, key: bytes, req_context: Any) -> None:
+        req_id = getattr(req_context, "req_id", None)
+        if req_id is None:
+            return
+        hits = self._hits.get(req_id)
+        if hits is None:
+            if len(self._hits) >= _MAX_TRACKED_REQUESTS:
+                del self._hits[next(iter(self._hits))]
+            hits = self._hits[req_id] = set()
+        hits.add(key)
 
     def submit_store(self, job_metadata: Any) -> None:
         self._submit(job_metadata, load=False)
@@ -478,7 +471,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def has_pending_work(self) -> bool:
         served = self._served is not None and self._served.pending()
-        return bool(self._inflight or self._ready or served)
+        # Deferred chunks count: vLLM keeps stepping (and polling) until they are released.
+        return bool(self._inflight or self._ready or served or self._unsafe_events or self._unsafe_results)
 
     def serve_external_requests(self, parent: Any) -> None:
         """Answer queued p2p peer requests from vLLM's primary tier (see :mod:`.serve`)."""
@@ -486,6 +480,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._served.serve(parent)
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        """vLLM 0.32/0.33's optional hook (their scheduler never calls it; 0.34 removed it)."""
+        self._touch(keys)
+
+    def _touch(self, keys: Iterable[Any]) -> None:
         try:
             self._tier.touch([BlockKey(bytes(k)) for k in keys])
         except Exception as exc:
@@ -494,18 +492,28 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     def on_new_request(self, req_context: Any) -> Any:
         return RequestOffloadingContext()
 
+    def on_request_finished(self, req_context: Any) -> None:
+        """Refresh the blocks this request found in the tier (its lookup hits), once."""
+        req_id = getattr(req_context, "req_id", None)
+        hits = self._hits.pop(req_id, None) if isinstance(req_id, str) else None
+        if hits:
+            self._touch(sorted(hits))
+
     def drain_jobs(self) -> None:
         """Wait until no job touches the primary buffer and every job has a result.
 
         The tier's ``drain`` finishes every copy it started (never aborts one); a job it already
         finished but has not published yet is waited for up to 5 s, then reported failed: vLLM
         asserts that every job is accounted for after a drain, and the bytes of a job that was
-        drained are no longer being copied, so failing it is safe.
+        drained are no longer being copied, so failing it is safe. For the same reason every
+        deferred release (a promotion that failed after it may have started) happens here at the
+        latest, as vLLM 0.34 requires.
         """
         self._tier.drain()
         if self._served is not None:
             # Sends to peers read pinned primary chunks: they end (or are given up) first.
             self._ready += self._served.drain(_DRAIN_REPORT_TIMEOUT)
+        self._release_unsafe()
         deadline = time.monotonic() + _DRAIN_REPORT_TIMEOUT
         while True:
             self._collect()
