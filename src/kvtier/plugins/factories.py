@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.numbers import check_numbers
 from kvtier.plugins.kinds import POLICIES, SPECS, TIERS
 from kvtier.plugins.registry import _target_of, trust_boundary
 
@@ -237,6 +238,9 @@ def _resolve_tier(
                 f"{tc.key_path}.{key}", f"is supplied by kvtier and cannot be configured ({what})"
             )
     _check_kwargs(cls, options, _TIER_SUPPLIED, tc.key_path, what)
+    # The one numeric check (finite, in range) for every option the class declares, before the
+    # class's own checks or constructor see the value.
+    check_numbers(options, getattr(cls, "option_ranges", {}), tc.key_path)
     return tc, cls, options, what
 
 

@@ -79,6 +79,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, MisuseError, TierUnavailableError
 from kvtier.keys import BlockKey
+from kvtier.numbers import MAX_BYTES, Range, check_number
 from kvtier.tiers import mooncake_codes as mc
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
@@ -99,9 +100,10 @@ _STORE_STAGING_MAX = 2 << 20
 
 
 def _size(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, f"expected an integer number of bytes >= {minimum}, got {value!r}")
-    return value
+    rng = MooncakeTier.option_ranges[name]
+    if isinstance(value, float):  # integral floats are not bytes Mooncake's C++ client accepts
+        raise ConfigError(name, f"expected {rng.describe()}, got {value!r}")
+    return int(check_number(name, value, rng))
 
 
 def _text(name: str, value: Any, example: str) -> str:
@@ -138,6 +140,14 @@ class MooncakeTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = mc.MOONCAKE_ERRORS
+    option_ranges: ClassVar[Mapping[str, Range]] = {
+        **RemoteTier.option_ranges,
+        "local_buffer_size": Range(1 << 20, MAX_BYTES, integer=True),
+        "global_segment_size": Range(0, MAX_BYTES, integer=True),
+        "replica_num": Range(1, 64, integer=True),
+        "staging_max_block": Range(0, MAX_BYTES, integer=True),
+        "store_staging_max_block": Range(0, MAX_BYTES, integer=True),
+    }
     spreads_jobs: ClassVar[bool] = False
 
     def __init__(

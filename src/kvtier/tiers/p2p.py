@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import BYTES, Range
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.p2p.directory import PeerDirectory
 from kvtier.p2p.protocol import ProtocolError, load_secret
@@ -114,6 +115,11 @@ class P2PTier(RemoteTier):
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
+    option_ranges: ClassVar[Mapping[str, Range]] = {
+        **RemoteTier.option_ranges,
+        "sim_peers": Range(0, 1 << 20, integer=True),
+        "sim_peer_bytes": BYTES,
+    }
     simulation_uses_primary: ClassVar[bool] = True
 
     def __init__(

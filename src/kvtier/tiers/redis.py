@@ -48,10 +48,11 @@ from redis.retry import Retry
 
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
+from kvtier.numbers import TTL_SECONDS, Range, check_number
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.redis_wire import BulkReader, send_vectored
-from kvtier.tiers.remote import RemoteTier, positive_number
+from kvtier.tiers.remote import RemoteTier
 from kvtier.tiers.remote_errors import (
     ErrorMap,
     RemoteFullError,
@@ -128,6 +129,7 @@ class RedisTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = REDIS_ERRORS
+    option_ranges: ClassVar[Mapping[str, Range]] = {**RemoteTier.option_ranges, "ttl": TTL_SECONDS}
 
     def __init__(
         self,
@@ -179,7 +181,7 @@ class RedisTier(RemoteTier):
             raise ConfigError("cluster", "a Redis Cluster is reached over TCP: use a redis:// URL")
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ConfigError("key_prefix", f"expected a non-empty string, got {key_prefix!r}")
-        self.ttl_ms = None if ttl is None else int(positive_number("ttl", ttl) * 1000)
+        self.ttl_ms = None if ttl is None else int(check_number("ttl", ttl, TTL_SECONDS) * 1000)
         # Drop "+cluster" from the scheme only (urlunsplit would turn "unix:///p" into "unix:/p").
         self._url = url.replace("+cluster://", "://", 1)
         self._password: str | None = None

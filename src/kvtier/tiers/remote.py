@@ -45,6 +45,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, check_number
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
@@ -61,12 +62,14 @@ _CHECK_BATCH = 256
 
 
 def positive_number(name: str, value: Any, *, maximum: float | None = None) -> float:
-    """``value`` as a float > 0 (and <= ``maximum``), else a :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(name, f"expected a number > 0, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(name, f"expected at most {maximum:g}, got {value!r}")
-    return float(value)
+    """``value`` as finite seconds > 0 (and <= ``maximum``, default :data:`SECONDS`'s), else a
+    :class:`ConfigError` naming ``name`` (:func:`kvtier.numbers.check_number`)."""
+    rng = SECONDS if maximum is None else Range(0, maximum, open_low=True, unit="seconds")
+    return float(check_number(name, value, rng))
+
+
+#: A request's own deadline: long enough for a cold gateway, short enough for a cache.
+OP_TIMEOUT = Range(0, 60, open_low=True, unit="seconds")
 
 
 class RemoteTier(AsyncTier):
@@ -91,6 +94,15 @@ class RemoteTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     #: The backend's exception map (subclasses set it).
     error_map: ClassVar[ErrorMap] = ErrorMap("remote", [])
+    option_ranges: ClassVar[Mapping[str, Range]] = {
+        **AsyncTier.option_ranges,
+        "op_timeout": OP_TIMEOUT,
+        "breaker_failures": Range(1, 1 << 20, integer=True),
+        "breaker_reset": SECONDS,
+        "negative_ttl": NONNEG_SECONDS,
+        "full_backoff": SECONDS,
+        "index_capacity": Range(1, 1 << 32, integer=True),
+    }
 
     def __init__(
         self,
@@ -117,23 +129,18 @@ class RemoteTier(AsyncTier):
             log_interval=log_interval,
             store_gate=StoreGate(GateConfig.from_options(backpressure)),
         )
-        self.op_timeout = positive_number("op_timeout", op_timeout, maximum=60)
-        if (
-            isinstance(breaker_failures, bool)
-            or not isinstance(breaker_failures, int)
-            or breaker_failures < 1
-        ):
-            raise ConfigError("breaker_failures", f"expected an integer >= 1, got {breaker_failures!r}")
-        self.breaker_failures = breaker_failures
-        self.breaker_reset = positive_number("breaker_reset", breaker_reset)
-        self.full_backoff = positive_number("full_backoff", full_backoff)
-        if isinstance(negative_ttl, bool) or not isinstance(negative_ttl, int | float) or negative_ttl < 0:
-            raise ConfigError("negative_ttl", f"expected a number >= 0, got {negative_ttl!r}")
+        ranges = RemoteTier.option_ranges
+        self.op_timeout = float(check_number("op_timeout", op_timeout, ranges["op_timeout"]))
+        self.breaker_failures = int(
+            check_number("breaker_failures", breaker_failures, ranges["breaker_failures"])
+        )
+        self.breaker_reset = float(check_number("breaker_reset", breaker_reset, ranges["breaker_reset"]))
+        self.full_backoff = float(check_number("full_backoff", full_backoff, ranges["full_backoff"]))
+        check_number("negative_ttl", negative_ttl, ranges["negative_ttl"])
         if unknown_keys not in ExistenceIndex.POLICIES:
             choices = ", ".join(ExistenceIndex.POLICIES)
             raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
-        if isinstance(index_capacity, bool) or not isinstance(index_capacity, int) or index_capacity < 1:
-            raise ConfigError("index_capacity", f"expected an integer >= 1, got {index_capacity!r}")
+        check_number("index_capacity", index_capacity, ranges["index_capacity"])
         self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys)
         self.ns_tag = codec.namespace_tag(context.namespace)
         #: This namespace's block headers (``self.headers(key, payload)``).
