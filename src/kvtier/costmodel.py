@@ -367,12 +367,12 @@ def _tier_from_config(name: str, spec: Any, base: TierCost | None) -> TierCost:
 
 
 def _read_bench(path: Any) -> Mapping[str, Any]:
+    from kvtier.files import read_bounded
+
     p = Path(str(path))
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("cost_model.bench_file", f"{p}: cannot read ({exc.strerror or exc})") from exc
-    except json.JSONDecodeError as exc:
+        data = json.loads(read_bounded(p, "cost_model.bench_file"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         msg = f"{p}: not a `kvtier bench --json` report ({exc})"
         raise ConfigError("cost_model.bench_file", msg) from exc
     if not isinstance(data, Mapping):

@@ -35,6 +35,7 @@ from typing import Any
 import xxhash
 
 from kvtier.errors import ConfigError
+from kvtier.files import MAX_SECRET_FILE_BYTES, read_bounded
 
 __all__ = [
     "HEADER",
@@ -304,8 +305,9 @@ def load_secret(*, secret_env: str | None = None, secret_file: str | None = None
                 f"{what}.secret_file",
                 f"{secret_file} must be a regular file with mode 0600 (run: chmod 600 {secret_file})",
             )
-        with open(secret_file, "rb") as f:
-            value_b = f.read().strip()
+        value_b = read_bounded(
+            secret_file, f"{what}.secret_file", MAX_SECRET_FILE_BYTES, what="secret file"
+        ).strip()
         if not value_b:
             raise ConfigError(f"{what}.secret_file", f"{secret_file} is empty")
         return value_b
