@@ -127,8 +127,10 @@ def tier_contexts(
     for tc in config.secondary_tiers:
         root = tc.options.get("root_dir")
         if isinstance(root, str) and root.strip():
-            # Two tiers on one directory would evict each other's blocks (issue 17).
-            norm = os.path.abspath(os.path.expanduser(root))
+            # Two tiers on one directory would evict each other's blocks (issue 17), also when
+            # one names it through a symlink: compare real paths.
+            norm = os.path.realpath(os.path.expanduser(root))
+            _check_root_is_a_directory(f"{tc.key_path}.root_dir", root, norm)
             if norm in roots:
                 raise ConfigError(
                     f"{tc.key_path}.root_dir",
@@ -147,6 +149,22 @@ def tier_contexts(
             kw["clock"] = clock
         contexts.append(TierContext(**kw))
     return contexts
+
+
+def _check_root_is_a_directory(key: str, root: str, path: str) -> None:
+    """A one-line error when ``path`` or its nearest existing ancestor is not a directory (a
+    regular file there would fail later as a raw ``NotADirectoryError``)."""
+    p = path
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return
+        p = parent
+    if not os.path.isdir(p):
+        where = "is" if p == path else f"is inside {p}, which is"
+        raise ConfigError(
+            key, f"{root!r} {where} not a directory; give the path of a directory (created if missing)"
+        )
 
 
 def _as_tier_config(tier_config: TierConfig | Mapping[str, Any]) -> TierConfig:
