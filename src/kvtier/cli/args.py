@@ -17,7 +17,7 @@ from typing import NoReturn
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 
-__all__ = ["OneLineParser", "duration", "port", "positive_int", "size"]
+__all__ = ["OneLineParser", "count", "duration", "port", "positive", "positive_int", "size"]
 
 _ARG_ERROR = re.compile(r"argument (?P<opt>[^:/\s]+)(?:/\S+)?: (?P<msg>.*)", re.S)
 
@@ -70,6 +70,28 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds such as 30 or 0.5, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """A finite number > 0 (a price, a rate): ``nan``, ``inf`` and negatives are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 such as 2.5, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
