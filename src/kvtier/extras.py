@@ -1,4 +1,4 @@
-"""Which ``pip install 'kvtier[extra]'`` brings a missing third-party module.
+"""Which ``pip install 'kvtier[<extra>]'`` brings a missing third-party module.
 
 Every "not installed" message names the extra that installs the module (pyproject's
 ``[project.optional-dependencies]``), so the fix is one copyable command;
