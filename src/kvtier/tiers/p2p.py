@@ -100,7 +100,10 @@ class P2PTier(RemoteTier):
     Args (besides :class:`RemoteTier`'s):
         peers: static ``"host:port"`` list of block servers.
         directory: ``redis://`` URL of the shared directory (optional when ``peers`` is set).
-        secret_env / secret_file: where the shared secret is (one of them is required).
+        secret_env / secret_file: where the shared secret is (one of them, or ``secret``, is
+            required).
+        secret: the secret itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__SECRET_FILE``, which
+            reads it from a file.
         layout: layout fingerprint every peer must present (default: none beyond the namespace).
         verify: check each block's checksum (default ``True``).
         peer_networks: networks (CIDR) a holder named by the directory must be in before this
@@ -136,6 +139,7 @@ class P2PTier(RemoteTier):
         directory: str | None = None,
         secret_env: str | None = None,
         secret_file: str | None = None,
+        secret: str | None = None,
         layout: str = "",
         verify: bool = True,
         peer_networks: Sequence[str] | None = None,
@@ -177,7 +181,7 @@ class P2PTier(RemoteTier):
         self.peer_networks = _networks(peer_networks)
         #: Directory entries refused: outside ``peer_networks`` or not an IP ``host:port``.
         self.untrusted_entries = 0
-        self.secret = load_secret(secret_env=secret_env, secret_file=secret_file)
+        self.secret = load_secret(secret_env=secret_env, secret_file=secret_file, secret=secret)
         self.layout = str(layout)
         self.verify = bool(verify)
         self.serve = dict(serve) if serve is not None else None

@@ -123,6 +123,8 @@ class RedisTier(RemoteTier):
         key_prefix: first part of every key (several deployments can share a server).
         ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
         password_env: name of an environment variable holding the password (overrides the URL's).
+        password: the password itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__PASSWORD_FILE``,
+            which reads it from a file (overrides the URL's; not with ``password_env``).
         tls_ca_file: PEM file of the certificate authorities a ``rediss://`` server's certificate
             is checked against (default: the system's); the certificate must name the host.
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
@@ -141,6 +143,7 @@ class RedisTier(RemoteTier):
         key_prefix: str = "kvtier",
         ttl: float | None = None,
         password_env: str | None = None,
+        password: str | None = None,
         tls_ca_file: str | None = None,
         threads: int = 4,
         batch_blocks: int = 8,
@@ -185,6 +188,13 @@ class RedisTier(RemoteTier):
         # Drop "+cluster" from the scheme only (urlunsplit would turn "unix:///p" into "unix:/p").
         self._url = url.replace("+cluster://", "://", 1)
         self._password: str | None = None
+        if password is not None and password_env is not None:
+            raise ConfigError("password", "set password (or PASSWORD_FILE) or password_env, not both")
+        if password is not None:
+            if not isinstance(password, str) or not password:
+                raise ConfigError("password", "expected a non-empty string (the value is never shown)")
+            self._password = password
+            self._url = _without_password(self._url)
         if password_env is not None:
             if not isinstance(password_env, str) or password_env not in os.environ:
                 raise ConfigError("password_env", f"environment variable {password_env!r} is not set")
