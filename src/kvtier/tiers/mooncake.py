@@ -77,7 +77,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvtier import codec
-from kvtier.errors import ConfigError, MisuseError, TierUnavailableError
+from kvtier.errors import ConfigError, MisuseError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.numbers import MAX_BYTES, Range, check_number
 from kvtier.tiers import mooncake_codes as mc
@@ -104,6 +104,17 @@ def _size(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, float):  # integral floats are not bytes Mooncake's C++ client accepts
         raise ConfigError(name, f"expected {rng.describe()}, got {value!r}")
     return int(check_number(name, value, rng))
+
+
+def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
+    """Mooncake answers INTERNAL_ERROR to every put when its transfer engine bound an address the
+    holders cannot reach, which is what happens when ``MC_TCP_BIND_ADDRESS`` is unset."""
+    if "INTERNAL_ERROR" in message and not env.get("MC_TCP_BIND_ADDRESS"):
+        return (
+            "set MC_TCP_BIND_ADDRESS to this node's address (127.0.0.1 on one machine) in every "
+            "Mooncake process and this one (docs/mooncake.md)"
+        )
+    return None
 
 
 def _text(name: str, value: Any, example: str) -> str:
@@ -241,6 +252,9 @@ class MooncakeTier(RemoteTier):
         self._flat = self.rows.reshape(-1)
         self._mv = self._flat.data  # slicing a memoryview costs a fraction of an ndarray's
         self._arena_ptr = int(self._arena.ctypes.data)
+
+    def failure_hint(self, err: TierError) -> str | None:
+        return mooncake_hint(str(err), os.environ) or super().failure_hint(err)
 
     # -- naming and buffers ----------------------------------------------------------------------------
     def _name(self, key: BlockKey) -> str:

@@ -286,6 +286,11 @@ class ObjTier(RemoteTier):
         else:
             self.index.warm = True
 
+    def failure_hint(self, err: TierError) -> str | None:
+        if "NoSuchBucket" in str(err):
+            return f"bucket {self.bucket!r} does not exist: create it, or set create_bucket: true"
+        return super().failure_hint(err)
+
     # -- naming -------------------------------------------------------------------------------------
     def object_name(self, key: BlockKey) -> str:
         """The object holding ``key``."""

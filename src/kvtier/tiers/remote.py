@@ -50,7 +50,7 @@ from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.remote_breaker import CircuitBreaker
-from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError
+from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError, RemoteTimeoutError
 from kvtier.tiers.remote_index import ExistenceIndex
 from kvtier.transfer.workers import Priority
 
@@ -70,6 +70,16 @@ def positive_number(name: str, value: Any, *, maximum: float | None = None) -> f
 
 #: A request's own deadline: long enough for a cold gateway, short enough for a cache.
 OP_TIMEOUT = Range(0, 60, open_low=True, unit="seconds")
+
+
+def with_hint(err: TierError, hint_of: Callable[[TierError], str | None]) -> TierError:
+    """``err`` with ``hint_of(err)`` appended to its message (same class, same cause)."""
+    hint = hint_of(err)
+    if not hint or hint in str(err):
+        return err
+    hinted = type(err)(f"{err}; {hint}")
+    hinted.__cause__ = err.__cause__
+    return hinted
 
 
 class RemoteTier(AsyncTier):
@@ -445,12 +455,22 @@ class RemoteTier(AsyncTier):
         try:
             result = fn(self._client())
         except Exception as exc:
-            err = self.error_map.translate(exc)
+            err = with_hint(self.error_map.translate(exc), self.failure_hint)
             self._on_error(route, err)
             return err
         if answered:
             self.breaker(route).success()
         return result
+
+    def failure_hint(self, err: TierError) -> str | None:
+        """What the user can do about ``err`` (appended to its message, so logs, failed jobs and
+        ``kvtier check`` show it), or ``None``. Subclasses add their backend's cases."""
+        if isinstance(err, RemoteTimeoutError):
+            return (
+                f"if the server is only slow (a cold gateway's first requests), raise op_timeout "
+                f"(now {self.op_timeout:g} s)"
+            )
+        return None
 
     def _on_error(self, route: str, err: TierError) -> None:
         where = f" ({route})" if route else ""
