@@ -63,7 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     goal.add_argument("--budget", metavar="USD", help="largest net saving with storage <= $USD per month")
     p.add_argument("--policy", default="lru", help="eviction policy of every tier (default lru)")
-    p.add_argument("--write-policy", default="write_through", choices=["write_through", "after_hits"])
+    p.add_argument(
+        "--write-policy",
+        default="write_through",
+        choices=["write_through", "after_hits"],
+        help="write policy of every simulated stack",
+    )
     p.add_argument("--trace-seconds", type=duration, help="traffic duration (default: the timestamps' span)")
     p.add_argument("--limit", type=positive_int, help="plan for the first N requests only (default: all)")
     p.add_argument("--simulations", type=positive_int, default=6, help="grid stacks simulated (default 6)")
