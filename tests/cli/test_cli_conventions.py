@@ -114,7 +114,9 @@ def test_pipe_into_head_with_a_real_shell() -> None:
 
 def test_replay_metrics_port_zero_prints_the_url() -> None:
     need_module("prometheus_client", "metrics")
-    proc = kvtier("replay", "--simulate", "--limit", "300", "--metrics-port", "0", "--json")
+    proc = kvtier(
+        "replay", "--simulate", "--limit", "300", "--metrics-port", "0", "--metrics-linger", "0", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     m = re.search(r"^metrics: http://127\.0\.0\.1:(\d+)/metrics$", proc.stderr, flags=re.M)
     assert m and int(m[1]) > 0, proc.stderr

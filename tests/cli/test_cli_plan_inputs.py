@@ -98,9 +98,7 @@ def test_a_piped_stderr_gets_whole_progress_lines() -> None:
     proc = kvtier("plan", "--limit", "300", "--simulations", "2", "--jobs", "1")
     assert proc.returncode in (0, 1), proc.stderr
     assert "\r" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(("simulating grid", "refining"))]
-    assert lines[0].startswith("simulating grid: 0/2"), proc.stderr  # said before the first simulation
-    assert any(ln.startswith("simulating grid: 2/2") for ln in lines)
+    assert not any(ln.startswith("simulating") and "/" not in ln for ln in proc.stderr.splitlines())
     quiet = kvtier("plan", "--limit", "300", "--simulations", "2", "--jobs", "1", "--no-progress")
     assert "simulating" not in quiet.stderr
 
@@ -122,8 +120,13 @@ def test_on_a_pipe_progress_is_at_most_one_line_per_interval_plus_the_last(steps
         clock.now += dt
         bar.update("work", i, total)
     lines = out.getvalue().splitlines()
-    assert lines[-1].startswith(f"work: {total}/{total}")
-    assert len(lines) <= clock.now / 3.0 + 2
+    assert len(lines) <= clock.now / 3.0 + 1
+    if clock.now < 3.0:
+        assert lines == []  # a quick run stays silent on a pipe
+    elif lines:
+        assert lines[-1].startswith(f"work: {total}/{total}")  # once shown, the end is shown too
+    if sum(steps[:-1]) >= 3.0:
+        assert lines, "a run longer than the interval showed no progress"
     assert "\r" not in out.getvalue()
 
 

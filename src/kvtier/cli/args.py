@@ -17,7 +17,16 @@ from typing import NoReturn
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 
-__all__ = ["OneLineParser", "count", "duration", "port", "positive", "positive_int", "size"]
+__all__ = [
+    "OneLineParser",
+    "count",
+    "duration",
+    "port",
+    "positive",
+    "positive_int",
+    "seconds_or_zero",
+    "size",
+]
 
 _ARG_ERROR = re.compile(r"argument (?P<opt>[^:/\s]+)(?:/\S+)?: (?P<msg>.*)", re.S)
 
@@ -70,6 +79,17 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds such as 30 or 0.5, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """Seconds, a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 15 or 0, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds in 0..3600, got {text!r}")
     return value
 
 

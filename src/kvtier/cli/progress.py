@@ -3,7 +3,9 @@
 On a terminal the line is rewritten in place (``\\r``) as work advances; on a pipe or a log
 file, where ``\\r`` would pile up, one whole line is written every :data:`PIPE_INTERVAL` seconds
 (and when a stage ends), so a ``kvtier plan | tee`` or a CI log shows the command is alive
-instead of staying silent for a minute. Used as a context manager, a heartbeat thread repeats
+instead of staying silent for a minute. The first line comes after one interval, and the final
+line only once a line was shown: a quick command (or one that fails at once on bad input) stays
+silent on a pipe, as ``kvtier ... | head`` expects. Used as a context manager, a heartbeat thread repeats
 the last state on a pipe while a long step (one simulation) reports nothing.
 """
 
@@ -37,7 +39,10 @@ class ProgressLine:
         self.interval = interval
         self.clock = clock
         self._start = clock()
-        self._last: float | None = None
+        # The first line waits one interval: a command that fails at once (bad input) prints its
+        # one-line error alone, and a quick one prints only its final lines.
+        self._last: float | None = self._start
+        self._shown = False
         self._state: tuple[str, int, int] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -63,13 +68,14 @@ class ProgressLine:
                 self.stream.flush()
                 return
             now = self.clock()
-            if finished or self._last is None or now - self._last >= self.interval:
+            if (finished and self._shown) or (self._last is not None and now - self._last >= self.interval):
                 self._write(now)
 
     def _write(self, now: float) -> None:
         assert self._state is not None
         label, done, total = self._state
         self._last = now
+        self._shown = True
         self.stream.write(f"{label}: {done}/{total} ({now - self._start:.0f} s)\n")
         self.stream.flush()
 
