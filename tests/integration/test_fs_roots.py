@@ -60,3 +60,15 @@ def test_a_root_dir_that_is_a_regular_file_is_a_one_line_error(
     err = refused(config(root), capsys, r"secondary_tiers\[0\]\.root_dir: .*not a directory")
     assert str(f) in err and "NotADirectoryError" not in err
     assert f.read_text() == "not a directory"
+
+
+def test_kvtier_check_leaves_nothing_behind_that_did_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "mine.txt").write_text("kept")
+    fresh = tmp_path / "a" / "b" / "c"
+    assert main(["check", json.dumps(config(existing, fresh))]) == 0, capsys.readouterr().err
+    assert not (tmp_path / "a").exists()  # every level it created is gone
+    assert sorted(p.name for p in existing.iterdir()) == ["mine.txt"]  # only the probe went
