@@ -26,8 +26,10 @@ __all__ = [
     "SECONDS",
     "TTL_SECONDS",
     "Range",
+    "Ranges",
     "check_number",
     "check_numbers",
+    "range_of",
 ]
 
 #: Largest byte size any option may name (1 EiB): beyond it a size is a typo, not a disk.
@@ -91,10 +93,28 @@ def check_number(key: str, value: Any, rng: Range) -> float:
     return value  # type: ignore[no-any-return]
 
 
-def check_numbers(options: Mapping[str, Any], ranges: Mapping[str, Range], key_path: str = "") -> None:
+#: Option -> its range, or -> the ranges of a nested mapping option (``backpressure``, ``serve``).
+Ranges = Mapping[str, "Range | Mapping[str, Range]"]
+
+
+def range_of(ranges: Ranges, name: str) -> Range:
+    """The range of the plain numeric option ``name`` in ``ranges`` (not a nested mapping)."""
+    rng = ranges[name]
+    if not isinstance(rng, Range):
+        raise TypeError(f"option {name!r} is a mapping of ranges, not a number")
+    return rng
+
+
+def check_numbers(options: Mapping[str, Any], ranges: Ranges, key_path: str = "") -> None:
     """:func:`check_number` for every option of ``ranges`` that ``options`` sets (``None`` means
-    "not set": the option's own default applies). The key in an error is ``key_path.option``."""
+    "not set": the option's own default applies), into nested mappings. The key in an error is
+    ``key_path.option`` (``key_path.backpressure.alpha``)."""
     for name, rng in ranges.items():
         value = options.get(name)
-        if value is not None:
-            check_number(f"{key_path}.{name}" if key_path else name, value, rng)
+        key = f"{key_path}.{name}" if key_path else name
+        if value is None:
+            continue
+        if isinstance(rng, Range):
+            check_number(key, value, rng)
+        elif isinstance(value, Mapping):  # a non-mapping is the owner's type error to report
+            check_numbers(value, rng, key)

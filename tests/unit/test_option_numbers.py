@@ -9,6 +9,7 @@ anything is built. The p2p ``serve`` options go through the same check.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from typing import Any
@@ -36,14 +37,26 @@ def numeric_options(cls: type) -> dict[str, inspect.Parameter]:
 
 
 def all_options() -> list[tuple[str, str, Range]]:
+    """(tier, dotted option path, range) for every declared option the tier accepts, nested
+    mappings (``backpressure``, ``serve``) walked into."""
     out = []
     for name in TIER_NAMES:
         cls = TIERS.resolve(name)
         accepted = set(inspect.signature(cls.__init__).parameters)
         for option, rng in cls.option_ranges.items():
-            if option in accepted:
+            if option not in accepted:
+                continue
+            if isinstance(rng, Range):
                 out.append((name, option, rng))
+            else:
+                out.extend((name, f"{option}.{sub}", r) for sub, r in rng.items())
     return out
+
+
+def entry(name: str, option: str, value: object) -> dict[str, object]:
+    """A tier config entry setting the (possibly dotted) ``option`` to ``value``."""
+    head, _, sub = option.partition(".")
+    return {"type": name, head: {sub: value} if sub else value}
 
 
 OPTIONS = all_options()
@@ -54,6 +67,12 @@ def test_every_numeric_option_is_declared(name: str) -> None:
     cls = TIERS.resolve(name)
     missing = sorted(set(numeric_options(cls)) - set(cls.option_ranges))
     assert not missing, f"tier {name!r}: numeric options without a declared range: {missing}"
+    accepted = inspect.signature(cls.__init__).parameters
+    if "backpressure" in accepted:  # nested numeric options are declared too
+        from kvtier.tiers.backpressure import GateConfig
+
+        numeric = {f.name for f in dataclasses.fields(GateConfig) if f.type in ("float", "int")}
+        assert numeric <= set(cls.option_ranges["backpressure"])
 
 
 def outside(rng: Range) -> st.SearchStrategy[Any]:
@@ -77,7 +96,7 @@ def test_every_option_refuses_nan_inf_huge_and_negative(data: st.DataObject) -> 
     name, option, rng = data.draw(st.sampled_from(OPTIONS), label="option")
     value = data.draw(outside(rng), label="value")
     with pytest.raises(ConfigError) as err:
-        check_tier({"type": name, option: value}, CONTEXT)
+        check_tier(entry(name, option, value), CONTEXT)
     assert err.value.key_path == f"secondary_tiers[0].{option}", str(err.value)
     assert "\n" not in str(err.value)
 
@@ -86,7 +105,7 @@ def test_every_option_refuses_nan_inf_huge_and_negative(data: st.DataObject) -> 
 @pytest.mark.parametrize("value", HOSTILE[:5], ids=["nan", "inf", "-inf", "1e300", "-1e300"])
 def test_each_option_refuses_each_hostile_value(name: str, option: str, rng: Range, value: float) -> None:
     with pytest.raises(ConfigError, match=rf"secondary_tiers\[0\]\.{option}: expected"):
-        check_tier({"type": name, option: value}, CONTEXT)
+        check_tier(entry(name, option, value), CONTEXT)
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,3 +126,14 @@ def test_serve_options_pass_the_same_check(data: st.DataObject) -> None:
     value = data.draw(outside(SERVE_RANGES[option]))
     with pytest.raises(ConfigError, match=rf"serve\.{option}: expected"):
         check_serve_options({option: value})
+
+
+@pytest.mark.parametrize("key", ["prefill_seconds_per_token", "prefill_tokens_per_second"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, 1e300, -1, 0])
+def test_cost_model_numbers_pass_the_same_check(key: str, value: float) -> None:
+    from kvtier.config import load_config
+    from kvtier.costmodel import CostModel
+
+    cfg = load_config({"cpu_bytes_to_use": 65536, "block_bytes": 4096, "cost_model": {key: value}})
+    with pytest.raises(ConfigError, match=rf"cost_model\.{key}: expected"):
+        CostModel.from_config(cfg)

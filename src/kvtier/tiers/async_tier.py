@@ -95,7 +95,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -104,8 +104,8 @@ import numpy as np
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
-from kvtier.numbers import COUNT, SECONDS, Range, check_number
-from kvtier.tiers.backpressure import StoreGate
+from kvtier.numbers import COUNT, SECONDS, Range, Ranges, check_number
+from kvtier.tiers.backpressure import GATE_RANGES, StoreGate
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.ratelog import RateLimitedLog
 from kvtier.transfer.workers import Priority, WorkerPool
@@ -208,10 +208,11 @@ class AsyncTier(SecondaryTier):
     #: Run chunks on the submitting thread, each job as one chunk (no workers). For tiers whose
     #: "I/O" is a memory copy (the ``example`` tier); everything else stays the same.
     runs_inline: ClassVar[bool] = False
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         "threads": Range(1, MAX_THREADS, integer=True),
         "batch_blocks": COUNT,
         "log_interval": SECONDS,
+        "backpressure": GATE_RANGES,
     }
     #: Spread a job's chunks over the workers (``False``: chunks of ``batch_blocks``, so a job of
     #: up to ``batch_blocks`` blocks is one chunk; for clients that parallelise one batched call

@@ -18,12 +18,12 @@ least recently stored or loaded block is dropped (counted in ``evictions``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import COUNT, Range
+from kvtier.numbers import COUNT, Ranges
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.base import TierContext
 
@@ -37,7 +37,7 @@ class ExampleTier(AsyncTier):
 
     medium: ClassVar[str] = "CPU"
     runs_inline: ClassVar[bool] = True
-    option_ranges: ClassVar[Mapping[str, Range]] = {"capacity_blocks": COUNT}
+    option_ranges: ClassVar[Ranges] = {"capacity_blocks": COUNT}
 
     def __init__(
         self,

@@ -79,7 +79,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, MisuseError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import MAX_BYTES, Range, check_number
+from kvtier.numbers import MAX_BYTES, Range, Ranges, check_number, range_of
 from kvtier.tiers import mooncake_codes as mc
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
@@ -100,7 +100,7 @@ _STORE_STAGING_MAX = 2 << 20
 
 
 def _size(name: str, value: Any, *, minimum: int) -> int:
-    rng = MooncakeTier.option_ranges[name]
+    rng = range_of(MooncakeTier.option_ranges, name)
     if isinstance(value, float):  # integral floats are not bytes Mooncake's C++ client accepts
         raise ConfigError(name, f"expected {rng.describe()}, got {value!r}")
     return int(check_number(name, value, rng))
@@ -151,7 +151,7 @@ class MooncakeTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = mc.MOONCAKE_ERRORS
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         **RemoteTier.option_ranges,
         "local_buffer_size": Range(1 << 20, MAX_BYTES, integer=True),
         "global_segment_size": Range(0, MAX_BYTES, integer=True),

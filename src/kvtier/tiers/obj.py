@@ -68,7 +68,7 @@ from botocore.config import Config
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import BYTES, Range, check_number
+from kvtier.numbers import BYTES, Range, Ranges, check_number, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.obj_clients import META as _META
@@ -174,9 +174,9 @@ class ObjTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = S3_ERRORS
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         **RemoteTier.option_ranges,
-        "io_threads": RemoteTier.option_ranges["threads"],
+        "io_threads": range_of(RemoteTier.option_ranges, "threads"),
         # botocore has no total deadline: few retries keep a request within a few op_timeouts
         # plus seconds of backoff; the direct path also stops at s3_wire.RETRY_WINDOW.
         "retries": Range(0, MAX_RETRIES, integer=True),
@@ -249,7 +249,7 @@ class ObjTier(RemoteTier):
                 "endpoint_url", f'expected a URL such as "http://127.0.0.1:7480", got {endpoint_url!r}'
             )
         for name, value in (("retries", retries), ("warm_listing", warm_listing)):
-            check_number(name, value, self.option_ranges[name])
+            check_number(name, value, range_of(self.option_ranges, name))
         self.bucket = bucket
         self.prefix = f"{prefix.strip('/')}/{context.namespace}/"
         self.endpoint_url = endpoint_url

@@ -33,11 +33,11 @@ from typing import Any, ClassVar
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import BYTES, Range
+from kvtier.numbers import BYTES, Range, Ranges
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.p2p.directory import PeerDirectory
 from kvtier.p2p.protocol import ProtocolError, load_secret
-from kvtier.p2p.service import check_serve_options
+from kvtier.p2p.service import SERVE_RANGES, check_serve_options
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
 from kvtier.tiers.remote import RemoteTier
@@ -123,10 +123,11 @@ class P2PTier(RemoteTier):
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         **RemoteTier.option_ranges,
         "sim_peers": Range(0, 1 << 20, integer=True),
         "sim_peer_bytes": BYTES,
+        "serve": SERVE_RANGES,
     }
     simulation_uses_primary: ClassVar[bool] = True
 

@@ -48,7 +48,7 @@ from redis.retry import Retry
 
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import TTL_SECONDS, Range, check_number
+from kvtier.numbers import TTL_SECONDS, Ranges, check_number
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.redis_wire import BulkReader, send_vectored
@@ -131,7 +131,7 @@ class RedisTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = REDIS_ERRORS
-    option_ranges: ClassVar[Mapping[str, Range]] = {**RemoteTier.option_ranges, "ttl": TTL_SECONDS}
+    option_ranges: ClassVar[Ranges] = {**RemoteTier.option_ranges, "ttl": TTL_SECONDS}
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, check_number
+from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, Ranges, check_number, range_of
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
@@ -104,7 +104,7 @@ class RemoteTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     #: The backend's exception map (subclasses set it).
     error_map: ClassVar[ErrorMap] = ErrorMap("remote", [])
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         **AsyncTier.option_ranges,
         "op_timeout": OP_TIMEOUT,
         "breaker_failures": Range(1, 1 << 20, integer=True),
@@ -140,17 +140,21 @@ class RemoteTier(AsyncTier):
             store_gate=StoreGate(GateConfig.from_options(backpressure)),
         )
         ranges = RemoteTier.option_ranges
-        self.op_timeout = float(check_number("op_timeout", op_timeout, ranges["op_timeout"]))
+        self.op_timeout = float(check_number("op_timeout", op_timeout, range_of(ranges, "op_timeout")))
         self.breaker_failures = int(
-            check_number("breaker_failures", breaker_failures, ranges["breaker_failures"])
+            check_number("breaker_failures", breaker_failures, range_of(ranges, "breaker_failures"))
         )
-        self.breaker_reset = float(check_number("breaker_reset", breaker_reset, ranges["breaker_reset"]))
-        self.full_backoff = float(check_number("full_backoff", full_backoff, ranges["full_backoff"]))
-        check_number("negative_ttl", negative_ttl, ranges["negative_ttl"])
+        self.breaker_reset = float(
+            check_number("breaker_reset", breaker_reset, range_of(ranges, "breaker_reset"))
+        )
+        self.full_backoff = float(
+            check_number("full_backoff", full_backoff, range_of(ranges, "full_backoff"))
+        )
+        check_number("negative_ttl", negative_ttl, range_of(ranges, "negative_ttl"))
         if unknown_keys not in ExistenceIndex.POLICIES:
             choices = ", ".join(ExistenceIndex.POLICIES)
             raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
-        check_number("index_capacity", index_capacity, ranges["index_capacity"])
+        check_number("index_capacity", index_capacity, range_of(ranges, "index_capacity"))
         self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys)
         self.ns_tag = codec.namespace_tag(context.namespace)
         #: This namespace's block headers (``self.headers(key, payload)``).

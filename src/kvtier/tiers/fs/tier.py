@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import BYTES, SECONDS, Range
+from kvtier.numbers import BYTES, SECONDS, Ranges
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
@@ -112,7 +112,7 @@ class FsTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     persistent: ClassVar[bool] = True
     shared: ClassVar[bool] = True
-    option_ranges: ClassVar[Mapping[str, Range]] = {
+    option_ranges: ClassVar[Ranges] = {
         **AsyncTier.option_ranges,
         "max_bytes": BYTES,
         "full_backoff": SECONDS,
