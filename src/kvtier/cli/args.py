@@ -82,45 +82,40 @@ def duration(text: str) -> float:
     return value
 
 
-def seconds_or_zero(text: str) -> float:
-    """Seconds, a finite number >= 0."""
+def _float_in(text: str, low: float, high: float, *, open_low: bool, example: str, what: str) -> float:
+    """``text`` as a finite float in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds such as 15 or 0, got {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds in 0..3600, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a {what} such as {example}, got {text!r}") from None
+    above = value > low if open_low else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        bound = f"> {low:g}" if open_low else f">= {low:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite {what} {bound} and <= {high:g}, got {text!r}")
     return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """Seconds, a finite number in 0..3600."""
+    return _float_in(text, 0, 3600, open_low=False, example="15 or 0", what="number of seconds")
 
 
 def positive(text: str) -> float:
     """A finite number > 0 (a price, a rate): ``nan``, ``inf`` and negatives are refused."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0 such as 2.5, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+    return _float_in(text, 0, 1e15, open_low=True, example="2.5", what="number")
 
 
 def count(text: str) -> int:
     """An integer >= 0."""
+    return positive_int(text, low=0)
+
+
+def positive_int(text: str, low: int = 1) -> int:
+    """An integer >= ``low`` (1)."""
     try:
         value = int(text, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
