@@ -137,3 +137,23 @@ def test_cost_model_numbers_pass_the_same_check(key: str, value: float) -> None:
     cfg = load_config({"cpu_bytes_to_use": 65536, "block_bytes": 4096, "cost_model": {key: value}})
     with pytest.raises(ConfigError, match=rf"cost_model\.{key}: expected"):
         CostModel.from_config(cfg)
+
+
+REMOTE = [(n, o, r) for n, o, r in OPTIONS if n in ("redis", "obj", "s3", "mooncake", "p2p")]
+
+
+@pytest.mark.parametrize(("name", "option", "rng"), REMOTE, ids=[f"{n}.{o}" for n, o, _ in REMOTE])
+def test_a_remote_constructor_refuses_a_bad_number_before_starting_anything(
+    name: str, option: str, rng: Range
+) -> None:
+    import threading
+
+    from kvtier.testing import PrimaryBuffer
+
+    primary = PrimaryBuffer.heap(2, 8192, 4096)
+    options = entry(name, option, math.nan)
+    del options["type"]
+    before = threading.active_count()
+    with pytest.raises(ConfigError, match=rf"{option.rpartition('.')[2]}: expected"):
+        TIERS.resolve(name)(primary_kv_view=primary.view, context=primary.context("t"), **options)
+    assert threading.active_count() == before  # no worker thread left behind

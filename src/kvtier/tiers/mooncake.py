@@ -79,7 +79,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, MisuseError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import MAX_BYTES, Range, Ranges, check_number, range_of
+from kvtier.numbers import MAX_BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers import mooncake_codes as mc
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
@@ -190,6 +190,8 @@ class MooncakeTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), MooncakeTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,

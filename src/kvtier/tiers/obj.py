@@ -68,7 +68,7 @@ from botocore.config import Config
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import BYTES, Range, Ranges, check_number, range_of
+from kvtier.numbers import BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.obj_clients import META as _META
@@ -221,6 +221,8 @@ class ObjTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), ObjTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import BYTES, Range, Ranges
+from kvtier.numbers import BYTES, Range, Ranges, check_numbers
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.p2p.directory import PeerDirectory
 from kvtier.p2p.protocol import ProtocolError, load_secret
@@ -158,6 +158,8 @@ class P2PTier(RemoteTier):
         sim_peers: int | None = None,
         sim_peer_bytes: int | str | None = None,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), P2PTier.option_ranges)
         _sim_pool({"peers": peers, "sim_peers": sim_peers, "sim_peer_bytes": sim_peer_bytes}, "")
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads, batch_blocks=batch_blocks,

@@ -48,7 +48,7 @@ from redis.retry import Retry
 
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import TTL_SECONDS, Ranges, check_number
+from kvtier.numbers import TTL_SECONDS, Ranges, check_number, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.redis_wire import BulkReader, send_vectored
@@ -157,6 +157,8 @@ class RedisTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), RedisTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,

@@ -45,7 +45,7 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, Ranges, check_number, range_of
+from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
@@ -131,6 +131,8 @@ class RemoteTier(AsyncTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), RemoteTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
