@@ -120,3 +120,13 @@ def test_plan_model_config_fifo_and_deep_nesting_are_one_line_errors(tmp_path: P
     assert code == 2 and "nested deeper" in one_line(err)
     code, err, _ = kvtier("plan", "--model-config", "/dev/zero")
     assert code == 2 and "/dev/zero" in one_line(err)
+
+
+@pytest.mark.parametrize("command", ["replay", "plan"])
+def test_a_fifo_or_a_device_as_the_trace_is_refused(command: str, tmp_path: Path) -> None:
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    for trace in (str(fifo), "/dev/zero"):
+        code, err, _ = kvtier(command, trace, "--no-progress")
+        line = one_line(err)
+        assert code == 2 and trace in line and "not a regular file" in line, err
