@@ -15,12 +15,36 @@ import stat
 
 from kvtier.errors import ConfigError
 
-__all__ = ["MAX_CONFIG_FILE_BYTES", "MAX_SECRET_FILE_BYTES", "read_bounded"]
+__all__ = ["MAX_CONFIG_FILE_BYTES", "MAX_SECRET_FILE_BYTES", "read_bounded", "regular_file"]
 
 #: Largest config-like file kvtier reads (real ones are a few KiB).
 MAX_CONFIG_FILE_BYTES = 4 << 20
 #: Largest secret file (a password or a shared key).
 MAX_SECRET_FILE_BYTES = 64 << 10
+
+
+def regular_file(path: object, key: str, limit: int = MAX_CONFIG_FILE_BYTES, *, what: str = "file") -> str:
+    """``path`` if it names a regular file of at most ``limit`` bytes, for a file another library
+    opens itself (``ssl`` loading a certificate): a FIFO there would block it forever."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(key, f"expected the path of a {what}, got {path!r}")
+    where = os.path.expanduser(path)
+    try:
+        st = os.stat(where)
+    except OSError as exc:
+        raise ConfigError(key, f"{where}: cannot read {what} ({exc.strerror or exc})") from None
+    _check_stat(st, where, key, limit, what)
+    return where
+
+
+def _check_stat(st: os.stat_result, where: str, key: str, limit: int, what: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO or device)"
+        raise ConfigError(key, f"{where}: cannot read {what}: it is {kind}; give a regular file")
+    if st.st_size > limit:
+        raise ConfigError(
+            key, f"{where}: cannot read {what}: {st.st_size} bytes is larger than the {limit} allowed"
+        )
 
 
 def read_bounded(
@@ -39,14 +63,7 @@ def read_bounded(
     except OSError as exc:
         raise ConfigError(key, f"{where}: cannot read {what} ({exc.strerror or exc})") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO or device)"
-            raise ConfigError(key, f"{where}: cannot read {what}: it is {kind}; give a regular file")
-        if st.st_size > limit:
-            raise ConfigError(
-                key, f"{where}: cannot read {what}: {st.st_size} bytes is larger than the {limit} allowed"
-            )
+        _check_stat(os.fstat(fd), where, key, limit, what)
         os.set_blocking(fd, True)
         chunks = []
         left = limit + 1

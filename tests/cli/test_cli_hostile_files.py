@@ -130,3 +130,26 @@ def test_a_fifo_or_a_device_as_the_trace_is_refused(command: str, tmp_path: Path
         code, err, _ = kvtier(command, trace, "--no-progress")
         line = one_line(err)
         assert code == 2 and trace in line and "not a regular file" in line, err
+
+
+@pytest.mark.parametrize("key", ["tls_ca", "serve.tls_cert"])
+def test_a_fifo_as_a_tls_file_is_refused_not_waited_on(key: str, fifo: Path) -> None:
+    tier: dict[str, object] = {"type": "p2p", "secret_env": "KVTIER_P2P_SECRET", "serve": {"port": 0}}
+    if key == "tls_ca":
+        tier["tls_ca"] = str(fifo)
+    else:
+        tier["serve"] = {"port": 0, "tls_cert": str(fifo)}
+    cfg = {"cpu_bytes_to_use": 65536, "block_bytes": 4096, "secondary_tiers": [tier]}
+    # An Engine starts the block server (kvtier check does not), so it is what loads the files.
+    code = f"from kvtier import Engine; Engine({cfg!r})"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "KVTIER_P2P_SECRET": "s"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT, env=env
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"an Engine with {key} on a FIFO ran past {LIMIT:.0f} s")
+    # Refused in one line: a ConfigError (tls_ca, checked when the tier is built) or, for the block
+    # server the engine starts, the warning it logs before running on without serving.
+    assert key in proc.stderr and "not a regular file" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr or "ConfigError" in proc.stderr.strip().splitlines()[-1]

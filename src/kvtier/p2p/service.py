@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.files import regular_file
 from kvtier.numbers import CONNECTIONS, SECONDS, check_numbers
 from kvtier.p2p.directory import DirectoryPublisher, PeerDirectory
 from kvtier.p2p.server import BlockServer
@@ -75,8 +76,11 @@ def start(
     ctx = None
     if options.get("tls_cert"):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cert = regular_file(options["tls_cert"], "serve.tls_cert", what="PEM file")
+        key = options.get("tls_key")
+        key = None if key is None else regular_file(key, "serve.tls_key", what="PEM file")
         try:
-            ctx.load_cert_chain(options["tls_cert"], options.get("tls_key"))
+            ctx.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError("serve.tls_cert", f"cannot load the certificate/key: {exc}") from None
     server = BlockServer(

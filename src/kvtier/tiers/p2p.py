@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.files import regular_file
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.numbers import BYTES, Range, Ranges, check_numbers
 from kvtier.p2p.client import PeerConnection, PeerRefusedError, parse_peer
@@ -193,7 +194,11 @@ class P2PTier(RemoteTier):
         self.self_address: str | None = None
         self.ssl_context: ssl.SSLContext | None = None
         if tls_ca is not None:
-            self.ssl_context = ssl.create_default_context(cafile=tls_ca)
+            cafile = regular_file(tls_ca, "tls_ca", what="PEM file")
+            try:
+                self.ssl_context = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError("tls_ca", f"{cafile}: not a CA certificate file ({exc})") from None
             self.ssl_context.check_hostname = False  # peers are addressed by IP; the CA vouches
         self._directory = (
             PeerDirectory(directory, context.namespace, timeout=op_timeout) if directory else None
