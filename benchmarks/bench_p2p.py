@@ -77,14 +77,14 @@ def _keys(n: int) -> list[bytes]:
 
 def _reply_frame_bytes(n: int) -> int:
     """Bytes of kvtier's FETCH_REPLY frame for ``n`` present blocks (what precedes their rows)."""
-    from kvtier.p2p import protocol as P
+    from kvtier.tiers.p2p import protocol as P
 
     return len(P.encode_frame(P.FrameType.FETCH_REPLY, 0, P.encode_fetch_reply([(True, 0)] * n)))
 
 
 def _handshake_bytes() -> int:
     """Bytes a block server sends in the handshake (CHALLENGE, WELCOME) before any reply."""
-    from kvtier.p2p import protocol as P
+    from kvtier.tiers.p2p import protocol as P
 
     mac = P.auth_mac(b"x", b"server", b"", b"", b"")
     return len(P.encode_frame(P.FrameType.CHALLENGE, 0, P.new_nonce())) + len(
@@ -95,7 +95,7 @@ def _handshake_bytes() -> int:
 def _server(block_bytes: int, n: int, conn: Any) -> None:
     from kvtier.engine import Engine
     from kvtier.keys import BlockKey
-    from kvtier.p2p.server import BlockServer
+    from kvtier.tiers.p2p.server import BlockServer
 
     engine = Engine({"block_bytes": block_bytes, "cpu_bytes_to_use": block_bytes * (n + 1)})
     keys = [BlockKey(k) for k in _keys(n)]
@@ -149,7 +149,7 @@ def _send_rows(c: socket.socket, bufs: list[memoryview]) -> None:
 
 
 def _measure(block_bytes: int, n: int, repeat: int, warmup: int, seconds: float, most: int) -> dict[str, Any]:
-    from kvtier.p2p.client import PeerConnection
+    from kvtier.tiers.p2p.client import PeerConnection
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()

@@ -12,7 +12,7 @@ For 512 KiB and 4 MiB blocks:
 
   **Stores.** kvtier does more than the reference (an xxh3 pass over every payload for the
   checksummed header, the job's bookkeeping) and sends a little more cheaply: one ``sendmsg`` per
-  value for its small piece and payload (``kvtier.tiers.redis_wire.send_vectored``) where
+  value for its small piece and payload (``kvtier.tiers.redis.wire.send_vectored``) where
   redis-py makes one ``sendall`` each. The server's single thread limits the rate, and it was
   measured spending less CPU per MiB on kvtier's pipelines than on redis-py's (1.2 vs 1.5 ms/MiB
   in two runs, one connection, from ``/proc/<pid>/stat``; neither the value size nor the number
@@ -25,7 +25,7 @@ For 512 KiB and 4 MiB blocks:
   for these values). redis-py has no call that receives a value into the caller's memory: every
   ``GET`` value goes kernel -> parser buffer -> a new ``bytes`` object (two copies and a fresh
   512 KiB+ allocation each), and the reference stops there, without even copying it into a slot.
-  kvtier parses the ``GET`` replies itself (``kvtier.tiers.redis_wire``) and ``recv_into``\\ s each
+  kvtier parses the ``GET`` replies itself (``kvtier.tiers.redis.wire``) and ``recv_into``\\ s each
   value straight into its primary slot (one copy), then verifies the checksum there. That fast
   path is not open to a redis-py user without writing such a reader, so the reference stays the
   raw client as shipped; the load ratio measures the copies kvtier saves.
@@ -40,7 +40,7 @@ For 512 KiB and 4 MiB blocks:
   boto3 with the tier's settings; ``s3_bare_http`` is the wire's limit (no client, no checksum,
   signing done before the timed part), so it shows the tier's own cost. **Why the tier beats the
   clients (ratios > 1):** its object GETs and PUTs do not go through a client's request pipeline
-  (``kvtier.tiers.s3_wire``: SigV4 headers, one ``sendmsg`` of head and slot, the body received
+  (``kvtier.tiers.obj.s3_wire``: SigV4 headers, one ``sendmsg`` of head and slot, the body received
   into the slot), which on this 2-core host shared with the gateway is throughput; against the
   bare socket it is at 0.8-1.0 (docs/remote.md). Each round's objects are deleted after it,
   untimed (Ceph's memstore is small).

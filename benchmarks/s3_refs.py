@@ -12,7 +12,7 @@ Every reference has ``store(keys, bodies)`` (PUT ``bodies[i]`` as ``keys[i]``) a
 * :class:`BareHttpRef`: the wire's limit, not a client a user has: HTTP/1.1 on one kept-alive
   socket per thread, requests presigned by botocore before the timed part (``prepare``), each body
   ``recv_into`` its destination. No checksum, no parsing beyond the status line and length. It
-  sends head and body with the gather-write the tier uses (``kvtier.tiers.sockio``).
+  sends head and body with the gather-write the tier uses (``kvtier.tiers.remote.sockio``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
-from kvtier.tiers.sockio import send_pieces
+from kvtier.tiers.remote.sockio import send_pieces
 
 MIB = 1 << 20
 Bodies = Sequence[bytes | memoryview]

@@ -35,6 +35,12 @@ name                                         type       labels / meaning
                                                        (primary: ``submit_*_kv`` copies)
 ``kvtier_tier_used_bytes``                  gauge      ``tier``: bytes held (primary: resident slots)
 ``kvtier_tier_max_bytes``                   gauge      ``tier``: capacity in bytes
+``kvtier_root_used_bytes``                  gauge      ``tier``, ``root``: bytes on each disk of a
+                                                       tier over several roots (fs ``root_dirs``)
+``kvtier_root_max_bytes``                   gauge      ``tier``, ``root``: each root's limit
+``kvtier_root_fenced``                      gauge      ``tier``, ``root``: 1 while fenced (failed)
+``kvtier_root_errors_total``                counter    ``tier``, ``root``: failed jobs counted
+``kvtier_root_timeouts_total``              counter    ``tier``, ``root``: jobs past their deadline
 ``kvtier_primary_resident_blocks``          gauge      blocks held in the primary tier
 ``kvtier_primary_slots``                    gauge      primary tier capacity in blocks
 ``kvtier_engine_inflight_jobs``             gauge      all tier jobs in flight (admission budget)
@@ -56,6 +62,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -99,6 +106,11 @@ METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("kvtier_inflight_jobs", "gauge", ("tier",)),
     ("kvtier_tier_used_bytes", "gauge", ("tier",)),
     ("kvtier_tier_max_bytes", "gauge", ("tier",)),
+    ("kvtier_root_used_bytes", "gauge", ("tier", "root")),
+    ("kvtier_root_max_bytes", "gauge", ("tier", "root")),
+    ("kvtier_root_fenced", "gauge", ("tier", "root")),
+    ("kvtier_root_errors_total", "counter", ("tier", "root")),
+    ("kvtier_root_timeouts_total", "counter", ("tier", "root")),
     ("kvtier_primary_resident_blocks", "gauge", ()),
     ("kvtier_primary_slots", "gauge", ()),
     ("kvtier_engine_inflight_jobs", "gauge", ()),
@@ -110,6 +122,24 @@ METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 StatsFn = Callable[[], Mapping[str, Any]]
+
+#: (type, name, ``root<N>_`` stat, help) of the per-root families.
+_ROOT_FAMILIES = (
+    ("gauge", "kvtier_root_used_bytes", "used_bytes", "Bytes held on each root (disk) of a tier"),
+    ("gauge", "kvtier_root_max_bytes", "max_bytes", "Capacity of each root of a tier in bytes"),
+    ("gauge", "kvtier_root_fenced", "fenced", "1 while a root is fenced (failed: its blocks are misses)"),
+    ("counter", "kvtier_root_errors", "errors", "Failed jobs counted against each root"),
+    ("counter", "kvtier_root_timeouts", "timeouts", "Jobs past their deadline on each root (stalls)"),
+)
+_ROOT_STAT = re.compile(r"root(\d+)_(\w+)")
+
+
+def _per_root(t: Mapping[str, Any], stat: str) -> Iterator[tuple[str, float]]:
+    """``(root index, value)`` of a tier's ``root<N>_<stat>`` entries."""
+    for key, value in t.items():
+        m = _ROOT_STAT.fullmatch(str(key))
+        if m is not None and m.group(2) == stat:
+            yield m.group(1), _num(value)
 
 
 class StatsSource(Protocol):
@@ -362,6 +392,15 @@ class EngineCollector:
             "Capacity of each tier in bytes",
             {"primary": cap if primary else None} | {n: self._tier_max(n, t) for n, t in secondary.items()},
         )
+
+        # Tiers over several disks report ``root<N>_<stat>`` (the fs tier's root_dirs).
+        for kind, name, stat, doc in _ROOT_FAMILIES:
+            cls = fams.CounterMetricFamily if kind == "counter" else fams.GaugeMetricFamily
+            fam = cls(name, doc, labels=[*ln, "tier", "root"])
+            for tier, t in secondary.items():
+                for root, value in _per_root(t, stat):
+                    fam.add_metric([*lv, tier, root], value)
+            yield fam
 
         nbytes = fams.CounterMetricFamily(
             "kvtier_bytes", "Bytes moved per tier and direction", labels=[*ln, "tier", "direction"]

@@ -16,8 +16,8 @@ import pytest
 
 from kvtier.config import load_config
 from kvtier.engine.build import config_namespace
-from kvtier.p2p.client import PeerConnection, PeerRefusedError
-from kvtier.p2p.server import is_loopback
+from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError
+from kvtier.tiers.p2p.server import is_loopback
 
 
 def kvtier_cmd() -> list[str]:

@@ -19,8 +19,8 @@ from kvtier.errors import ConfigError  # noqa: E402
 from kvtier.jobs import TransferJob  # noqa: E402
 from kvtier.keys import BlockKey  # noqa: E402
 from kvtier.testing import PrimaryBuffer, wait_for_jobs  # noqa: E402
-from kvtier.tiers.obj import MAX_RETRIES, ObjTier  # noqa: E402
-from kvtier.tiers.s3_wire import RETRY_WINDOW  # noqa: E402
+from kvtier.tiers.obj.s3_wire import RETRY_WINDOW  # noqa: E402
+from kvtier.tiers.obj.tier import MAX_RETRIES, ObjTier  # noqa: E402
 
 OP_TIMEOUT = 0.5
 

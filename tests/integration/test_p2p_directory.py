@@ -17,7 +17,7 @@ from remote_servers import redis_server
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
-from kvtier.p2p.directory import PeerDirectory
+from kvtier.tiers.p2p.directory import PeerDirectory
 
 BB = 4096
 

@@ -20,8 +20,8 @@ from selfsigned import self_signed
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey, LookupCode
-from kvtier.p2p import protocol as P
-from kvtier.p2p.server import BlockServer, block_checksum
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.server import BlockServer, block_checksum
 
 BB = 256 * 1024
 SECRET = "faults-test-secret"

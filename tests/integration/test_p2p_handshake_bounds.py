@@ -18,10 +18,10 @@ import pytest
 from kvtier.engine import Engine
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey
-from kvtier.p2p import protocol as P
-from kvtier.p2p.client import PeerConnection, PeerRefusedError
-from kvtier.p2p.server import BlockServer
-from kvtier.p2p.service import check_serve_options
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError
+from kvtier.tiers.p2p.server import BlockServer
+from kvtier.tiers.p2p.service import check_serve_options
 
 BB = 4096
 SECRET = b"handshake-bounds-secret"

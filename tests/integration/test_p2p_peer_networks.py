@@ -26,9 +26,9 @@ from kvtier.engine import Engine
 from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.p2p.directory import PeerDirectory
 from kvtier.testing import PrimaryBuffer, wait_for_jobs
 from kvtier.tiers.p2p import P2PTier
+from kvtier.tiers.p2p.directory import PeerDirectory
 
 BB = 4096
 SECRET = "peer-networks-secret"
@@ -47,7 +47,7 @@ def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
             raise ConnectionRefusedError(f"test: refused to connect to {host}")
         return real(address, *args, **kw)
 
-    import kvtier.p2p.client as client
+    import kvtier.tiers.p2p.client as client
 
     monkeypatch.setattr(client.socket, "create_connection", recording)
     return seen

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
-from kvtier.p2p import protocol as P
-from kvtier.p2p.client import PeerConnection, PeerRefusedError
-from kvtier.p2p.server import BlockServer
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError
+from kvtier.tiers.p2p.server import BlockServer
 
 BB = 64 * 1024
 SECRET = b"server-test-secret"
@@ -79,7 +79,7 @@ def test_a_wrong_secret_gets_nothing_and_is_logged_without_the_secret(served, ca
     engine, server, data = served
     before = server.stats["auth_failures"]
     with (
-        caplog.at_level(logging.WARNING, "kvtier.p2p.server"),
+        caplog.at_level(logging.WARNING, "kvtier.tiers.p2p.server"),
         pytest.raises(PeerRefusedError, match="authentication"),
     ):
         connect(engine, server, secret=b"wrong-secret")

@@ -14,7 +14,7 @@ from selfsigned import self_signed
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey, LookupCode
-from kvtier.p2p.client import PeerConnection
+from kvtier.tiers.p2p.client import PeerConnection
 
 BB = 64 * 1024
 SECRET = "tls-test-secret"

@@ -92,7 +92,7 @@ def test_no_such_bucket_suggests_create_bucket(capsys: pytest.CaptureFixture[str
 
 
 def test_mooncake_internal_error_names_mc_tcp_bind_address() -> None:
-    from kvtier.tiers.mooncake import mooncake_hint
+    from kvtier.tiers.mooncake.tier import mooncake_hint
 
     message = "mooncake: put_parts: INTERNAL_ERROR (-1)"
     assert "MC_TCP_BIND_ADDRESS" in (mooncake_hint(message, {}) or "")

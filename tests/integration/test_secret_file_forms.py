@@ -14,10 +14,10 @@ import pytest
 from remote_servers import redis_server
 
 from kvtier.cli.main import main
-from kvtier.config_layers import resolve_config
+from kvtier.config.layers import resolve_config
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
-from kvtier.p2p.client import PeerConnection
+from kvtier.tiers.p2p.client import PeerConnection
 
 BASE = json.dumps({"cpu_bytes_to_use": 16 * 4096, "block_bytes": 4096})
 

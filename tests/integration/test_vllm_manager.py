@@ -24,7 +24,7 @@ from vllm_helpers import (
 
 need_vllm()
 
-from kvtier.integrations import vllm as adapter  # noqa: E402
+from kvtier.integrations.vllm import tier as adapter  # noqa: E402
 
 PROBE = {**ADAPTER, "tier": "ProbeTier", "tier_module_path": "vllm_probe_tier"}
 

@@ -116,7 +116,7 @@ def test_a_redis_password_is_used_and_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     need_module("redis", "redis")
-    from kvtier.integrations import vllm as adapter
+    from kvtier.integrations.vllm import tier as adapter
 
     adapter.reset_log_once()
     secret = "vllm-redis-secret-" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:8]

@@ -45,9 +45,9 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
-from kvtier.integrations.vllm_spec import KvtierOffloadingManager, KvtierOffloadingSpec  # noqa: E402
+from kvtier.integrations.vllm.spec import KvtierOffloadingManager, KvtierOffloadingSpec  # noqa: E402
 
-SPEC = {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.integrations.vllm_spec"}
+SPEC = {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.integrations.vllm"}
 SETTLED = (LookupResult.HIT, LookupResult.MISS)
 
 
@@ -462,7 +462,7 @@ def test_the_documented_config_runs_as_written(tmp_path: Path) -> None:
     raw = _doc_config()
     assert raw["kv_connector"] == "OffloadingConnector"
     doc_extra = raw["kv_connector_extra_config"]
-    assert doc_extra["spec_module_path"] == "kvtier.integrations.vllm_spec"
+    assert doc_extra["spec_module_path"] == "kvtier.integrations.vllm"
     # Swapped only: a temporary root, a capacity this file system holds, two chunks of /dev/shm.
     local = json.loads(json.dumps(doc_extra))
     local["cpu_bytes_to_use"] = 2 * ROW_BYTES

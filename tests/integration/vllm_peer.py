@@ -16,7 +16,7 @@ from vllm_helpers import ROW_BYTES, payload
 
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
-from kvtier.p2p.server import BlockServer
+from kvtier.tiers.p2p.server import BlockServer
 
 __all__ = ["Peer"]
 

@@ -268,7 +268,7 @@ def test_primary_row_pad_adds_whole_pages_after_the_block(block: int, pad: int, 
 
 def test_vllm_refuses_a_row_pad_naming_the_key() -> None:
     """vLLM's shared offload region fixes the rows: a pad there would configure nothing."""
-    from kvtier.config_vllm import spec_block
+    from kvtier.config.vllm import spec_block
 
     with pytest.raises(ConfigError, match=r"^kvtier\.primary_row_pad: remove it"):
         spec_block({"kvtier": {"primary_row_pad": 4096}})

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.config_layers import REDACTED, env_name, is_secret_key, redact, resolve_config
+from kvtier.config.layers import REDACTED, env_name, is_secret_key, redact, resolve_config
 from kvtier.errors import ConfigError
 
 

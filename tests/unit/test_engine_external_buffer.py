@@ -1,6 +1,6 @@
 """The ``external`` primary backing: the engine keeps the slot index over memory someone else owns.
 
-This is what the vLLM spec (``kvtier.integrations.vllm_spec``) relies on: vLLM's workers own the
+This is what the vLLM spec (``kvtier.integrations.vllm.spec``) relies on: vLLM's workers own the
 host buffer (a shared mapping they copy GPU blocks into) and kvtier runs its primary tier and its
 secondary tiers on those same bytes. Real numpy memory and kvtier's real ``example`` tier here.
 """

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
 from kvtier.numbers import Range, check_number
-from kvtier.p2p.service import SERVE_RANGES, check_serve_options
 from kvtier.plugins import TIERS, check_tier
 from kvtier.tiers.base import TierContext
+from kvtier.tiers.p2p.service import SERVE_RANGES, check_serve_options
 
 TIER_NAMES = sorted(TIERS.builtin_names())
 CONTEXT = TierContext(name="t", block_bytes=4096)

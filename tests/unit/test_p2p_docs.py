@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.config import load_config
-from kvtier.p2p import protocol as P
-from kvtier.p2p.service import _SERVE_KEYS
 from kvtier.tiers.p2p import P2PTier
+from kvtier.tiers.p2p import protocol as P
+from kvtier.tiers.p2p.service import _SERVE_KEYS
 
 DOC = (Path(__file__).parents[2] / "docs" / "p2p.md").read_text(encoding="utf-8")
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
-from kvtier.p2p import protocol as P
+from kvtier.tiers.p2p import protocol as P
 
 keys_st = st.lists(st.binary(min_size=1, max_size=P.MAX_KEY_BYTES), max_size=64)
 

@@ -28,7 +28,7 @@ rx = need_module("redis.exceptions", "redis")
 
 from redis._parsers.base import BaseParser  # noqa: E402
 
-from kvtier.tiers.redis_wire import BulkReader, send_vectored  # noqa: E402
+from kvtier.tiers.redis.wire import BulkReader, send_vectored  # noqa: E402
 
 Reply = bytes | None | str | int  # a value, a nil, an error message, a RESP3 marker
 

@@ -1,4 +1,4 @@
-"""kvtier.tiers.s3_wire, the obj tier's direct GET/PUT path, against botocore and real sockets.
+"""kvtier.tiers.obj.s3_wire, the obj tier's direct GET/PUT path, against botocore and real sockets.
 
 Signing: the AWS documentation's published SigV4 example for S3 gives the documented signature,
 and for any method, object name, header set and credentials :func:`sign` gives exactly the
@@ -40,8 +40,8 @@ from botocore.config import Config  # noqa: E402
 from botocore.credentials import Credentials as BotoCredentials  # noqa: E402
 
 from kvtier.errors import ConfigError  # noqa: E402
-from kvtier.tiers.obj import MAX_RETRIES  # noqa: E402
-from kvtier.tiers.s3_wire import RETRY_WINDOW, Credentials, Endpoint, S3Wire, sign  # noqa: E402
+from kvtier.tiers.obj.s3_wire import RETRY_WINDOW, Credentials, Endpoint, S3Wire, sign  # noqa: E402
+from kvtier.tiers.obj.tier import MAX_RETRIES  # noqa: E402
 
 # -- signing ----------------------------------------------------------------------------------------
 
@@ -436,7 +436,7 @@ def test_interim_responses_are_skipped_for_the_final_one(interim: bytes) -> None
 def test_a_length_beside_a_transfer_coding_is_not_trusted() -> None:
     import http.client
 
-    from kvtier.tiers.obj_clients import open_object
+    from kvtier.tiers.obj.clients import open_object
 
     both = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"
     script = Script([both])
@@ -450,7 +450,7 @@ def test_a_length_beside_a_transfer_coding_is_not_trusted() -> None:
 def test_non_ascii_digits_are_not_numbers(reply: bytes) -> None:
     import http.client
 
-    from kvtier.tiers.obj_clients import open_object
+    from kvtier.tiers.obj.clients import open_object
 
     script = Script([reply])
     with wire_to(script) as w:
@@ -501,7 +501,7 @@ def test_a_response_cannot_be_read_once_its_connection_is_gone() -> None:
 
 
 def test_redirected_requests_drop_the_direct_path_for_that_worker() -> None:
-    from kvtier.tiers.obj_clients import WorkerClients, open_object
+    from kvtier.tiers.obj.clients import WorkerClients, open_object
     from kvtier.tiers.ratelog import RateLimitedLog
 
     xml = b"<Error><Code>PermanentRedirect</Code></Error>"

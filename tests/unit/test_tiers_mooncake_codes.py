@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier.errors import TierError, TierUnavailableError
-from kvtier.tiers import mooncake_codes as mc
-from kvtier.tiers.remote_errors import RemoteFullError, RemoteRejectedError
+from kvtier.tiers.mooncake import codes as mc
+from kvtier.tiers.remote.errors import RemoteFullError, RemoteRejectedError
 
 KINDS = {mc.MISSING, mc.EXISTS, mc.FULL, mc.UNAVAILABLE, mc.REJECTED}
 

@@ -10,9 +10,9 @@ from needs import need_module
 
 from kvtier.errors import TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.tiers.remote_breaker import CircuitBreaker
-from kvtier.tiers.remote_errors import ErrorMap, RemoteFullError, RemoteTimeoutError, exception_classes
-from kvtier.tiers.remote_index import ExistenceIndex
+from kvtier.tiers.remote.breaker import CircuitBreaker
+from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError, RemoteTimeoutError, exception_classes
+from kvtier.tiers.remote.index import ExistenceIndex
 
 
 class Clock:

@@ -52,7 +52,7 @@ def _rate(bps: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvtier bench``; returns the exit code."""
-    from kvtier.config_layers import CONFIG_ENV, resolve_config
+    from kvtier.config.layers import CONFIG_ENV, resolve_config
     from kvtier.sim.defaults import default_config
     from kvtier.sim.tierbench import run_bench
 

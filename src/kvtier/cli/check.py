@@ -16,7 +16,7 @@ re-checking a root with another ``block_bytes`` works; afterwards a tier that ex
 directory (``config_info()["ns_dir"]``, the ``fs`` tier) has that directory removed, so a check
 leaves nothing behind.
 
-The config is resolved through :mod:`kvtier.config_layers` (defaults < CONFIG or ``KVTIER_CONFIG`` <
+The config is resolved through :mod:`kvtier.config.layers` (defaults < CONFIG or ``KVTIER_CONFIG`` <
 ``KVTIER_*`` environment); ``--show-config`` prints the merged values and their origins, secrets
 redacted, and checks nothing.
 
@@ -151,14 +151,15 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
 
     from kvtier.cli.main import error_line
     from kvtier.config import load_config
-    from kvtier.config_vllm import vllm_owned_tiers
+    from kvtier.config.vllm import vllm_owned_tiers
     from kvtier.engine.build import config_namespace
     from kvtier.engine.preflight import preflight
     from kvtier.plugins import create_spec, tier_contexts
+    from kvtier.specs.base import OffloadingSpec
 
     cfg = load_config(source)
     preflight(cfg)  # what Engine checks first; the spec checks every tier before building any
-    spec = create_spec(cfg)
+    spec: OffloadingSpec = create_spec(cfg)
     policy = spec.create_policy(max(1, spec.num_primary_slots))
     # Two slots are enough for a round trip; the real buffer is never allocated here.
     rows = np.zeros((2, cfg.row_stride), dtype=np.uint8)
@@ -266,7 +267,7 @@ def _fmt_seconds(s: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from kvtier.cli.main import print_table
-    from kvtier.config_layers import resolve_config
+    from kvtier.config.layers import resolve_config
 
     resolved = resolve_config(args.config)
     if args.show_config:

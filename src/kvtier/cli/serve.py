@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvtier serve``; returns the exit code."""
-    from kvtier.config_layers import resolve_config
+    from kvtier.config.layers import resolve_config
     from kvtier.engine import Engine
     from kvtier.errors import ConfigError
     from kvtier.metrics import start_exporter
@@ -116,8 +116,8 @@ def _config_serves_p2p(config: Any) -> bool:
 
 def _start_p2p(engine: Any, args: argparse.Namespace) -> Any:
     """The block service of ``--p2p-*`` (the secret from ``--p2p-secret-env``/``--p2p-secret-file``)."""
-    from kvtier.p2p.protocol import load_secret
-    from kvtier.p2p.service import start
+    from kvtier.tiers.p2p.protocol import load_secret
+    from kvtier.tiers.p2p.service import start
 
     secret = load_secret(secret_env=args.p2p_secret_env, secret_file=args.p2p_secret_file, what="--p2p")
     return start(

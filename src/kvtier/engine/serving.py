@@ -1,6 +1,6 @@
 """What the engine serves to peer instances: residency checks, pins, and the p2p block service.
 
-:class:`Serving` is the facade's component for the p2p block server (:mod:`kvtier.p2p.server`):
+:class:`Serving` is the facade's component for the p2p block server (:mod:`kvtier.tiers.p2p.server`):
 it answers "is this block readable here now" and pins blocks while they are sent, on
 engine-internal keys (a peer asks for the keys its own engine uses; no tenant scoping again), with
 no promotion, no policy touch and no event -- serving a peer must not change what this instance
@@ -69,7 +69,7 @@ class Serving:
         """
         if not any(type(t).__module__ == "kvtier.tiers.p2p" for t in engine.tiers):
             return
-        from kvtier.p2p.service import start_for_engine
+        from kvtier.tiers.p2p.service import start_for_engine
 
         try:
             self.block_service = start_for_engine(engine)

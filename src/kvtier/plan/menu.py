@@ -211,7 +211,7 @@ def load_menu(path: str | Path | None) -> Menu:
     """The default menu, with the figures of a JSON/YAML file (``--menu``) applied when given."""
     if path is None:
         return Menu()
-    from kvtier.config_files import parse_config_text
+    from kvtier.config.files import parse_config_text
     from kvtier.files import read_bounded
 
     p = Path(path)

@@ -92,7 +92,7 @@ class ModelKV:
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
     """Read a ``config.json``; :class:`ConfigError` naming the file on any problem."""
-    from kvtier.config_files import check_depth, loads_json
+    from kvtier.config.files import check_depth, loads_json
     from kvtier.files import read_bounded
 
     p = Path(path)

@@ -21,7 +21,6 @@ from kvtier.plugins.registry import _target_of, trust_boundary
 if TYPE_CHECKING:
     from kvtier.config import KvtierConfig, PluginsConfig, TierConfig
     from kvtier.policies.base import CachePolicy
-    from kvtier.specs.base import OffloadingSpec
     from kvtier.tiers.base import SecondaryTier, TierContext
 
 __all__ = [
@@ -300,8 +299,10 @@ def create_policy(
         return _construct(lambda: cls(capacity, **opts), options_key, what)
 
 
-def create_spec(config: KvtierConfig) -> OffloadingSpec:
-    """The offloading spec ``config`` names (``spec_name`` + ``spec_module_path``): ``Spec(config)``."""
+def create_spec(config: KvtierConfig) -> Any:
+    """The offloading spec ``config`` names (``spec_name`` + ``spec_module_path``): ``Spec(config)``,
+    an :class:`~kvtier.specs.base.OffloadingSpec` (checked when the name is resolved; typed ``Any``
+    because ``kvtier.specs`` builds through this package and is not imported by it)."""
     cls = SPECS.resolve(config.spec_name, config.spec_module_path, plugins=config.plugins)
     what = f"spec {config.spec_name!r} ({_target_of(cls)})"
     with trust_boundary(config.plugins):

@@ -194,6 +194,7 @@ def _reference_dir(config: KvtierConfig, index: int) -> Path | None:
 def run_bench(config: KvtierConfig, *, blocks: int = 256, repeats: int = 3) -> dict[str, Any]:
     """Measure the primary tier and every configured tier; one JSON-ready object with ``ratios``."""
     from kvtier.plugins import create_spec, tier_contexts
+    from kvtier.specs.base import OffloadingSpec
 
     if blocks < 1 or repeats < 1:
         raise ValueError("blocks and repeats must be >= 1")
@@ -210,7 +211,7 @@ def run_bench(config: KvtierConfig, *, blocks: int = 256, repeats: int = 3) -> d
     if config.secondary_tiers:
         buf = np.zeros((blocks, config.row_stride), dtype=np.uint8)
         view = memoryview(buf)  # type: ignore[arg-type]
-        spec = create_spec(config)
+        spec: OffloadingSpec = create_spec(config)
         tiers = spec.create_tiers(view, tier_contexts(config, namespace="kvtier-bench"))
         try:
             for i, tier in enumerate(tiers):
