@@ -45,6 +45,7 @@ import numpy as np
 
 from kvtier.config import KvtierConfig, parse_size
 from kvtier.errors import ConfigError
+from kvtier.numbers import COUNT, NONNEG_SECONDS, Range, check_number
 
 __all__ = [
     "DEFAULT_PREFILL_SECONDS_PER_TOKEN",
@@ -302,27 +303,27 @@ def _unknown(key_path: str, key: str, valid: Sequence[str], what: str) -> Config
     return ConfigError(key_path, f"{what}{hint}; valid: {', '.join(valid)}")
 
 
+#: Rates and per-token costs: finite, > 0 (kvtier.numbers' shared check).
+_POSITIVE = Range(0, 1e15, open_low=True)
+
+
 def _positive_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(key, f"expected a number > 0, got {value!r}")
-    return float(value)
+    return float(check_number(key, value, _POSITIVE))
 
 
 def _nonneg_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(key, f"expected a number >= 0 (seconds), got {value!r}")
-    return float(value)
+    return float(check_number(key, value, NONNEG_SECONDS))
 
 
 def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, float):
         raise ConfigError(key, f"expected an integer >= 1, got {value!r}")
-    return value
+    return int(check_number(key, value, COUNT))
 
 
 def _bandwidth(value: Any, key: str) -> float:
-    if isinstance(value, float) and value > 0:
-        return value
+    if isinstance(value, float):
+        return float(check_number(key, value, _POSITIVE))
     bw = parse_size(value, key)
     if bw <= 0:
         raise ConfigError(key, "bandwidth must be > 0 bytes per second")
@@ -367,12 +368,12 @@ def _tier_from_config(name: str, spec: Any, base: TierCost | None) -> TierCost:
 
 
 def _read_bench(path: Any) -> Mapping[str, Any]:
+    from kvtier.files import read_bounded
+
     p = Path(str(path))
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("cost_model.bench_file", f"{p}: cannot read ({exc.strerror or exc})") from exc
-    except json.JSONDecodeError as exc:
+        data = json.loads(read_bounded(p, "cost_model.bench_file"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         msg = f"{p}: not a `kvtier bench --json` report ({exc})"
         raise ConfigError("cost_model.bench_file", msg) from exc
     if not isinstance(data, Mapping):

@@ -160,18 +160,15 @@ def test_blocks_stay_pinned_while_sent() -> None:
                 conn.close()
 
 
-def test_connections_are_bounded(served) -> None:  # type: ignore[no-untyped-def]
+def test_authenticated_connections_are_bounded(served) -> None:  # type: ignore[no-untyped-def]
     engine, server, data = served
-    idle = [
-        socket.create_connection(("127.0.0.1", server.port), timeout=2) for _ in range(server.max_connections)
-    ]
+    held = [connect(engine, server) for _ in range(server.max_connections)]
     try:
-        time.sleep(0.3)
         with pytest.raises(PeerRefusedError, match="busy"):
             connect(engine, server)
     finally:
-        for s in idle:
-            s.close()
+        for c in held:
+            c.close()
     time.sleep(0.3)
     assert_serving(engine, server, data)
 

@@ -573,17 +573,29 @@ def test_tiering_spec_builds_tiers_in_order_and_cleans_up(plugdir: Path) -> None
             shut.append(self.name)
             super().shutdown()
 
+    class Refusing(ExampleTier):
+        def __init__(self, *, shade: str = "", **kw: Any) -> None:
+            super().__init__(**kw)
+            self.shutdown()
+            raise ConfigError("shade", "only the constructor knows")
+
     plugins.register_tier("recording", Recording)
+    plugins.register_tier("refusing", Refusing)
     # An option the constructor does not take is found before any tier is built: nothing to undo.
     tiers_cfg = [{"type": "recording"}, {"type": "example", "bogus": 1}]
     bad = load_config({"block_bytes": 4096, "cpu_bytes_to_use": 4 * 4096, "secondary_tiers": tiers_cfg})
     with pytest.raises(ConfigError, match=r"secondary_tiers\[1\]\.bogus"):
         TieringSpec(bad).create_tiers(memoryview(buf), plugins.tier_contexts(bad))
-    assert shut == []
-    # A value only the constructor refuses: the tiers built before it are shut down.
+    # So is a number out of its declared range (kvtier.numbers).
     tiers_cfg = [{"type": "recording"}, {"type": "example", "capacity_blocks": -1}]
     bad = load_config({"block_bytes": 4096, "cpu_bytes_to_use": 4 * 4096, "secondary_tiers": tiers_cfg})
     with pytest.raises(ConfigError, match=r"secondary_tiers\[1\]\.capacity_blocks"):
+        TieringSpec(bad).create_tiers(memoryview(buf), plugins.tier_contexts(bad))
+    assert shut == []
+    # A value only the constructor refuses: the tiers built before it are shut down.
+    tiers_cfg = [{"type": "recording"}, {"type": "refusing", "shade": "x"}]
+    bad = load_config({"block_bytes": 4096, "cpu_bytes_to_use": 4 * 4096, "secondary_tiers": tiers_cfg})
+    with pytest.raises(ConfigError, match=r"secondary_tiers\[1\]\.shade"):
         TieringSpec(bad).create_tiers(memoryview(buf), plugins.tier_contexts(bad))
     assert shut == ["recording0"]
 

@@ -39,7 +39,9 @@ from botocore.awsrequest import AWSRequest  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from botocore.credentials import Credentials as BotoCredentials  # noqa: E402
 
-from kvtier.tiers.obj.s3_wire import Credentials, Endpoint, S3Wire, sign  # noqa: E402
+from kvtier.errors import ConfigError  # noqa: E402
+from kvtier.tiers.obj.s3_wire import RETRY_WINDOW, Credentials, Endpoint, S3Wire, sign  # noqa: E402
+from kvtier.tiers.obj.tier import MAX_RETRIES  # noqa: E402
 
 # -- signing ----------------------------------------------------------------------------------------
 
@@ -528,3 +530,27 @@ def test_headers_are_signed_lower_case_and_line_breaks_are_refused() -> None:
     assert a == b and a["host"] == "[::1]:7480"
     with pytest.raises(ValueError):
         sign("GET", ep, "/bkt/k", {"x-amz-meta-a": "v\r\nX-Evil: 1"}, creds)
+
+
+def test_retries_stop_at_a_total_deadline_whatever_retries_says() -> None:
+    # Issue 28: a huge retry count against a gateway that keeps failing must still end in bounded
+    # time. The wire gives every request RETRY_WINDOW timeouts in all, retries included.
+    err = b"HTTP/1.1 502 X\r\nContent-Length: 0\r\n\r\n"
+    script = Script([err] * 5000)
+    with wire_to(script, timeout=0.4, retries=100_000) as w:
+        t0 = time.monotonic()
+        with pytest.raises(bx.ClientError):
+            w.request("GET", "k", operation="GetObject")
+        elapsed = time.monotonic() - t0
+    assert elapsed < RETRY_WINDOW * 0.4 + 1.0, f"the request took {elapsed:.1f} s"
+    assert 1 < len(script.requests) < 5000  # it did retry, and it stopped
+
+
+def test_obj_retries_are_range_checked_before_anything_is_built() -> None:
+    from kvtier.plugins import check_tier
+    from kvtier.tiers.base import TierContext
+
+    ctx = TierContext(name="o", block_bytes=4096)
+    with pytest.raises(ConfigError, match=r"secondary_tiers\[0\]\.retries: expected an integer"):
+        check_tier({"type": "obj", "bucket": "b", "retries": 100_000}, ctx)
+    check_tier({"type": "obj", "bucket": "b", "retries": MAX_RETRIES}, ctx)

@@ -17,7 +17,16 @@ from typing import NoReturn
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 
-__all__ = ["OneLineParser", "duration", "port", "positive_int", "size"]
+__all__ = [
+    "OneLineParser",
+    "count",
+    "duration",
+    "port",
+    "positive",
+    "positive_int",
+    "seconds_or_zero",
+    "size",
+]
 
 _ARG_ERROR = re.compile(r"argument (?P<opt>[^:/\s]+)(?:/\S+)?: (?P<msg>.*)", re.S)
 
@@ -73,12 +82,40 @@ def duration(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _float_in(text: str, low: float, high: float, *, open_low: bool, example: str, what: str) -> float:
+    """``text`` as a finite float in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a {what} such as {example}, got {text!r}") from None
+    above = value > low if open_low else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        bound = f"> {low:g}" if open_low else f">= {low:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite {what} {bound} and <= {high:g}, got {text!r}")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """Seconds, a finite number in 0..3600."""
+    return _float_in(text, 0, 3600, open_low=False, example="15 or 0", what="number of seconds")
+
+
+def positive(text: str) -> float:
+    """A finite number > 0 (a price, a rate): ``nan``, ``inf`` and negatives are refused."""
+    return _float_in(text, 0, 1e15, open_low=True, example="2.5", what="number")
+
+
+def count(text: str) -> int:
+    """An integer >= 0."""
+    return positive_int(text, low=0)
+
+
+def positive_int(text: str, low: int = 1) -> int:
+    """An integer >= ``low`` (1)."""
     try:
         value = int(text, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value

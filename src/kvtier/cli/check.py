@@ -177,7 +177,12 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
     # Two slots are enough for a round trip; the real buffer is never allocated here.
     rows = np.zeros((2, cfg.row_stride), dtype=np.uint8)
     contexts = tier_contexts(cfg, namespace=check_namespace(cfg.block_bytes))
-    tiers = spec.create_tiers(rows.data, contexts)
+    created = _missing_dirs(cfg)  # what building the tiers will create: removed again at the end
+    try:
+        tiers = spec.create_tiers(rows.data, contexts)
+    except BaseException:
+        _remove_empty(created)
+        raise
     checks: list[TierCheck] = []
     try:
         for tc, tier in zip(cfg.secondary_tiers, tiers, strict=False):
@@ -203,6 +208,7 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
                     if check.name == tier.name and check.error is None:
                         check.ok, check.error = False, f"shutdown failed: {error_line(exc)}"
             _remove_probe_namespace(tier, check_namespace(cfg.block_bytes))
+        _remove_empty(created)
     spec_cls, policy_cls = type(spec), type(policy)
     return {
         "ok": all(c.ok for c in checks),
@@ -222,6 +228,36 @@ def check_config(source: Any, *, timeout: float = 30.0) -> dict[str, Any]:
         # vLLM's --kv-transfer-config also lists tiers vLLM builds itself; kvtier leaves them to vLLM.
         "vllm_tiers": vllm_owned_tiers(cfg.raw),
     }
+
+
+def _missing_dirs(cfg: Any) -> list[str]:
+    """The directories a tier's ``root_dir`` names that do not exist yet (deepest first): the
+    check leaves nothing behind that was not there before it."""
+    import os
+
+    out: list[str] = []
+    for tc in cfg.secondary_tiers:
+        root = tc.options.get("root_dir")
+        if not isinstance(root, str) or not root.strip():
+            continue
+        p = os.path.realpath(os.path.expanduser(root))
+        while not os.path.lexists(p) and p not in out:
+            out.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+    return sorted(out, key=lambda d: d.count(os.sep), reverse=True)
+
+
+def _remove_empty(dirs: list[str]) -> None:
+    """``rmdir`` each of ``dirs`` (deepest first); one that holds anything is left alone."""
+    import contextlib
+    import os
+
+    for d in dirs:
+        with contextlib.suppress(OSError):  # not empty (something else wrote there) or gone
+            os.rmdir(d)
 
 
 def _remove_probe_namespace(tier: Any, namespace: str) -> None:

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(
         prog="kvtier",
-        description="Tiered, pluggable KV-cache offloading for LLM inference: inspect, check, replay.",
+        description="Tiered, pluggable KV-cache offloading for LLM inference. Commands: "
+        f"{', '.join(COMMANDS)} (kvtier COMMAND --help for each).",
     )
     parser.add_argument("--version", action="version", version=f"kvtier {__version__}")
     parser.add_argument(
@@ -61,7 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
+        _show_defaults(p)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append ``(default: X)`` to every option's help that has a default and does not say it
+    already, in ``parser`` and its subcommands, so ``--help`` never hides what a flag does when
+    it is left out."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
+            continue
+        default = action.default
+        if action.help in (None, argparse.SUPPRESS) or default in (None, False, argparse.SUPPRESS):
+            continue
+        if "default" in str(action.help).lower() or "%(default)" in str(action.help):
+            continue
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+        action.help = f"{action.help} (default: {str(shown).replace('%', '%%')})"
 
 
 def error_line(exc: BaseException) -> str:

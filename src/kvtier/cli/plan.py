@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli.args import count, duration, positive, positive_int
+from kvtier.cli.progress import ProgressLine
 from kvtier.errors import ConfigError
+from kvtier.extras import install_hint
 
 __all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "add_parser", "run"]
 
@@ -36,17 +40,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     model = p.add_mutually_exclusive_group()
     model.add_argument("--model-config", metavar="JSON", help="Hugging Face config.json of the model")
     kv_help = f"KV bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN:,}: Llama-3-8B, bf16)"
-    model.add_argument("--kv-bytes-per-token", type=int, help=kv_help)
+    model.add_argument("--kv-bytes-per-token", type=positive_int, help=kv_help)
     p.add_argument("--kv-dtype", help="KV-cache dtype overriding the config's (e.g. fp8)")
     bt_help = "tokens per trace block (512 in the Mooncake traces, 16 at vLLM's block size)"
     p.add_argument(
-        "--block-tokens", "--tokens-per-block", dest="block_tokens", type=int, default=512, help=bt_help
+        "--block-tokens",
+        "--tokens-per-block",
+        dest="block_tokens",
+        type=positive_int,
+        default=512,
+        help=bt_help,
     )
     p.add_argument("--tiers", default="ram,nvme,redis,s3", help="kinds to search, fastest first (ram first)")
     p.add_argument("--menu", metavar="FILE", help="JSON/YAML overriding prices, bandwidths, latencies, GPU")
-    p.add_argument("--prefill-tokens-per-second", type=float, help="GPU prefill rate (default 10,000)")
+    p.add_argument("--prefill-tokens-per-second", type=positive, help="GPU prefill rate (default 10,000)")
     p.add_argument(
-        "--gpu-price", type=float, metavar="USD_PER_HOUR", help="GPU price per hour (default 2.50)"
+        "--gpu-price", type=positive, metavar="USD_PER_HOUR", help="GPU price per hour (default 2.50)"
     )
     goal = p.add_mutually_exclusive_group()
     goal.add_argument(
@@ -54,12 +63,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     goal.add_argument("--budget", metavar="USD", help="largest net saving with storage <= $USD per month")
     p.add_argument("--policy", default="lru", help="eviction policy of every tier (default lru)")
-    p.add_argument("--write-policy", default="write_through", choices=["write_through", "after_hits"])
-    p.add_argument("--trace-seconds", type=float, help="traffic duration (default: the timestamps' span)")
-    p.add_argument("--limit", type=int, help="plan for the first N requests only")
-    p.add_argument("--simulations", type=int, default=6, help="grid stacks simulated (default 6)")
-    p.add_argument("--refine", type=int, default=3, help="refinement stacks simulated (default 3)")
-    p.add_argument("--jobs", type=int, help="parallel simulations (default: one per core)")
+    p.add_argument(
+        "--write-policy",
+        default="write_through",
+        choices=["write_through", "after_hits"],
+        help="write policy of every simulated stack",
+    )
+    p.add_argument("--trace-seconds", type=duration, help="traffic duration (default: the timestamps' span)")
+    p.add_argument("--limit", type=positive_int, help="plan for the first N requests only (default: all)")
+    p.add_argument("--simulations", type=positive_int, default=6, help="grid stacks simulated (default 6)")
+    p.add_argument("--refine", type=count, default=3, help="refinement stacks simulated (default 3)")
+    p.add_argument("--jobs", type=positive_int, help="parallel simulations (default: one per core)")
     p.add_argument(
         "--write-config", metavar="PATH", help="write the recommended stack's kvtier config (JSON)"
     )
@@ -91,7 +105,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress on stderr (default: when stderr is a terminal)")  # fmt: skip
+                   help="progress on stderr (default: on; a line every few seconds when stderr is "
+                   "not a terminal)")  # fmt: skip
     return p
 
 
@@ -101,14 +116,19 @@ def _fraction(text: str, option: str) -> float:
         value = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
     except ValueError:
         raise ConfigError(option, f"{text!r} is not a ratio such as 30% or 0.3") from None
+    if not math.isfinite(value) or not 0 < value <= 1:
+        raise ConfigError(option, f"{text!r} is not a ratio in (0, 100%]")
     return value
 
 
 def _dollars(text: str) -> float:
     try:
-        return float(text.strip().lstrip("$").replace(",", ""))
+        value = float(text.strip().lstrip("$").replace(",", ""))
     except ValueError:
         raise ConfigError("--budget", f"{text!r} is not an amount of dollars such as 500 or $500") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError("--budget", f"{text!r} is not an amount of dollars >= 0")
+    return value
 
 
 @contextlib.contextmanager
@@ -143,12 +163,15 @@ def _kv(args: argparse.Namespace, notes: list[str]) -> tuple[int, dict[str, Any]
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kvtier plan`` (see :func:`add_parser`); returns the exit code."""
-    from kvtier.plan import plan
     from kvtier.plan.menu import load_menu
     from kvtier.sim.trace import guess_block_tokens, read_trace
 
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError("--limit", f"must be >= 1, got {args.limit}")
+    if args.plot:
+        import importlib.util
+
+        # Before the minute of simulation, not after it: the plot is the one part needing an extra.
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ConfigError("--plot", f"needs matplotlib: {install_hint('matplotlib')}")
     notes: list[str] = []
     kv_bytes, model = _kv(args, notes)
     menu = load_menu(args.menu).with_gpu(
@@ -156,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     )
     target = _fraction(args.target_hit, "--target-hit") if args.target_hit else None
     budget = _dollars(args.budget) if args.budget else None
-    show = sys.stderr.isatty() if args.progress is None else args.progress
+    show = args.progress is not False
     with _trace_path(args.trace) as path:
         requests = read_trace(path, limit=args.limit)
         if not requests:
@@ -169,35 +192,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.block_tokens}; pass --block-tokens {guess}",
             )
 
-        def progress(label: str, done: int, total: int) -> None:
-            if show:
-                print(
-                    f"\r{label}: {done}/{total}",
-                    end="\n" if done == total else "",
-                    file=sys.stderr,
-                    flush=True,
-                )
-
-        if args.instances is not None:
-            return _run_fleet(args, requests, path, kv_bytes, menu, progress, notes)
-        result = plan(
-            requests,
-            kv_bytes_per_token=kv_bytes,
-            tokens_per_block=args.block_tokens,
-            menu=menu,
-            kinds=args.tiers.split(","),
-            target_hit=target,
-            budget=budget,
-            name=path.name,
-            policy=args.policy,
-            write_policy=args.write_policy,
-            trace_seconds=args.trace_seconds,
-            simulations=args.simulations,
-            refine=args.refine,
-            jobs=args.jobs,
-            model=model,
-            progress=progress,
-        )
+        progress = ProgressLine(sys.stderr) if show else None
+        with progress or contextlib.nullcontext():
+            update = progress.update if progress else None
+            if args.instances is not None:
+                return _run_fleet(args, requests, path, kv_bytes, menu, update, notes)
+            result = _plan(args, requests, kv_bytes, menu, target, budget, path, model, progress)
     result.notes[:0] = notes
     from kvtier.plan.render import render_plan
 
@@ -258,6 +258,39 @@ def _run_fleet(
         written.append(out)
     _print(args, result, written, render_fleet)
     return 0
+
+
+def _plan(
+    args: argparse.Namespace,
+    requests: Any,
+    kv_bytes: int,
+    menu: Any,
+    target: float | None,
+    budget: float | None,
+    path: Path,
+    model: dict[str, Any] | None,
+    progress: ProgressLine | None,
+) -> Any:
+    from kvtier.plan import plan
+
+    return plan(
+        requests,
+        kv_bytes_per_token=kv_bytes,
+        tokens_per_block=args.block_tokens,
+        menu=menu,
+        kinds=args.tiers.split(","),
+        target_hit=target,
+        budget=budget,
+        name=path.name,
+        policy=args.policy,
+        write_policy=args.write_policy,
+        trace_seconds=args.trace_seconds,
+        simulations=args.simulations,
+        refine=args.refine,
+        jobs=args.jobs,
+        model=model,
+        progress=progress.update if progress else None,
+    )
 
 
 def _outputs(args: argparse.Namespace, result: Any) -> list[str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli import args as types
+from kvtier.cli.progress import ProgressLine
 from kvtier.errors import ConfigError, KvtierError
 
 __all__ = ["add_parser", "run"]
@@ -110,10 +111,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "printed on stderr)",
     )
     p.add_argument(
+        "--metrics-linger",
+        type=types.seconds_or_zero,
+        default=15.0,
+        help="with --metrics-port: seconds the final values stay up after the replay, one scrape "
+        "interval (default 15; 0: close at once)",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="progress bar on stderr (default: when stderr is a terminal)",
+        help="progress on stderr (default: on; a bar on a terminal, a line every few seconds otherwise)",
     )
     return p
 
@@ -166,9 +174,13 @@ def _one_io_thread(config: Any) -> Any:
 
 @contextlib.contextmanager
 def _status(enabled: bool, force: bool, text: str) -> Iterator[None]:
-    """A spinner on stderr while the trace is read and keyed (a few seconds for the shipped one)."""
+    """A spinner on stderr while the trace is read and keyed (a few seconds for the shipped one);
+    one line where there is no terminal (or no rich)."""
     if not enabled:
         yield
+        return
+    if not _bar_wanted(force):
+        yield  # no spinner off a terminal; progress lines follow if the replay takes a while
         return
     from rich.console import Console
 
@@ -176,12 +188,25 @@ def _status(enabled: bool, force: bool, text: str) -> Iterator[None]:
         yield
 
 
+def _bar_wanted(force: bool) -> bool:
+    from kvtier.cli.output import have_rich
+
+    return have_rich() and (force or sys.stderr.isatty())
+
+
 class _Progress:
-    """A rich progress bar on stderr, or nothing."""
+    """A rich progress bar on a terminal (or with ``--progress``), whole lines every few seconds
+    on a pipe (:class:`~kvtier.cli.progress.ProgressLine`), or nothing."""
 
     def __init__(self, enabled: bool, total: int, label: str, force: bool = False) -> None:
         self._bar: Any = None
+        self._line: ProgressLine | None = None
+        self._label = label
         if not enabled:
+            return
+        if not _bar_wanted(force):
+            self._line = ProgressLine(sys.stderr, terminal=False).__enter__()
+            self._line.update(label, 0, total)
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -199,6 +224,9 @@ class _Progress:
         self._task = self._bar.add_task(label, total=total)
 
     def update(self, done: int, total: int, label: str | None = None) -> None:
+        if self._line is not None:
+            self._label = label or self._label
+            self._line.update(self._label, done, total)
         if self._bar is not None:
             kw: dict[str, Any] = {"completed": done, "total": total}
             if label is not None:
@@ -206,6 +234,9 @@ class _Progress:
             self._bar.update(self._task, **kw)
 
     def close(self) -> None:
+        if self._line is not None:
+            self._line.__exit__(None, None, None)
+            self._line = None
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
@@ -232,10 +263,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--policy", "several policies need --sweep")
     if not sweep_mode and args.capacity and "," in args.capacity:
         raise ConfigError("--capacity", "several capacities need --sweep")
-    from kvtier.cli.output import have_rich
 
     # Progress bars are rich's; without it (core install) replay simply runs without one.
-    show_progress = (sys.stderr.isatty() if args.progress is None else args.progress) and have_rich()
+    show_progress = args.progress is not False
 
     if args.plot is not None:
         import importlib.util
@@ -275,6 +305,7 @@ def _run(args: argparse.Namespace) -> int:
                 metrics_port=args.metrics_port,
                 sync=args.sync,
                 on_listen=_print_url,
+                metrics_linger=args.metrics_linger,
             )
         finally:
             bar.close()

@@ -7,7 +7,11 @@ through :func:`loads_json`).
 
 A config nested deeper than :data:`MAX_CONFIG_DEPTH` levels is refused in one line: without the
 cap a 100k-deep ``[[[...]]]`` escaped as a ``RecursionError`` (exit 1, not the exit 2 of bad
-input), and even a few hundred levels would break later recursive copies of the config.
+input), and even a few hundred levels would break later recursive copies of the config. So is
+one that YAML aliases expand past :data:`MAX_CONFIG_NODES` values (an alias "bomb": a few lines
+that stand for 10^9 nodes) or that refers to itself; the check visits each distinct node once,
+so a bomb costs as little to refuse as its text to parse. The file itself is read through
+:func:`kvtier.files.read_bounded` (a regular file of bounded size: never a FIFO or ``/dev/zero``).
 """
 
 from __future__ import annotations
@@ -17,11 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.files import read_bounded
 
-__all__ = ["MAX_CONFIG_DEPTH", "check_depth", "loads_json", "parse_config_text", "read_config_file"]
+__all__ = [
+    "MAX_CONFIG_DEPTH",
+    "MAX_CONFIG_NODES",
+    "check_depth",
+    "loads_json",
+    "parse_config_text",
+    "read_config_file",
+]
 
 #: Deepest nesting of objects/lists a config may have (real ones use about 4).
 MAX_CONFIG_DEPTH = 32
+#: Most values (aliases expanded) a config may stand for (real ones have a few hundred).
+MAX_CONFIG_NODES = 100_000
 
 
 def read_config_file(path: Path) -> Any:
@@ -30,10 +44,9 @@ def read_config_file(path: Path) -> Any:
     Raises:
         ConfigError: the file cannot be read, is not UTF-8, or has a syntax error (with line:column).
     """
+    raw = read_bounded(path, "", what="config file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("", f"{path}: cannot read config file ({exc.strerror or exc})") from exc
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         # Not an OSError: without this a binary file escaped as a bare ValueError with a traceback.
         raise ConfigError(
@@ -64,17 +77,56 @@ def loads_json(text: str, where: str, *, file: bool = True) -> Any:
         raise ConfigError("", f"{where}: invalid JSON: {exc}") from None
 
 
-def check_depth(data: Any, where: str, limit: int = MAX_CONFIG_DEPTH) -> None:
-    """Refuse ``data`` nested deeper than ``limit`` objects/lists (iterative: no recursion)."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
+def check_depth(
+    data: Any, where: str, limit: int = MAX_CONFIG_DEPTH, max_nodes: int = MAX_CONFIG_NODES
+) -> None:
+    """Refuse ``data`` nested deeper than ``limit`` objects/lists, standing for more than
+    ``max_nodes`` values once shared (aliased) parts are counted every time they appear, or
+    containing itself. Iterative (no recursion), and each distinct object/list is visited once:
+    its depth and expanded size are remembered, so an alias bomb is refused without walking it."""
+    shape: dict[int, tuple[int, int]] = {}  # id of a finished container -> (depth, expanded size)
+    open_: set[int] = set()  # containers entered, not finished: the current path
+    stack: list[tuple[Any, bool]] = [(data, False)]
     while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
+        node, finished = stack.pop()
+        kids = _children(node)
+        if kids is None:
             continue
-        if depth > limit:
+        key = id(node)
+        if finished:
+            open_.discard(key)
+            depth, size = 1, 1
+            for c in kids:
+                if _children(c) is None:
+                    size += 1
+                    continue
+                d, s = shape[id(c)]
+                depth, size = max(depth, d + 1), size + s
+            if depth > limit:
+                raise ConfigError("", f"{where}: nested deeper than {limit} levels")
+            if size > max_nodes:
+                raise ConfigError(
+                    "", f"{where}: stands for more than {max_nodes} values (YAML aliases expanded)"
+                )
+            shape[key] = (depth, size)
+            continue
+        if key in shape:
+            continue
+        if key in open_:
+            raise ConfigError("", f"{where}: contains itself (a YAML alias inside its own anchor)")
+        if len(open_) >= limit:
             raise ConfigError("", f"{where}: nested deeper than {limit} levels")
-        stack.extend((c, depth + 1) for c in children)
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in kids if _children(c) is not None and id(c) not in shape)
+
+
+def _children(node: Any) -> list[Any] | None:
+    if isinstance(node, dict):
+        return list(node.values())
+    if isinstance(node, list):
+        return node
+    return None
 
 
 def _parse_yaml(text: str, where: str) -> Any:

@@ -248,12 +248,14 @@ def _env_value(raw: str) -> Any:
 
 
 def _read_secret_file(name: str, path: str) -> str:
+    from kvtier.files import MAX_SECRET_FILE_BYTES, read_bounded
+
+    # The path is not secret; the content is, and never appears in a message.
+    raw = read_bounded(path, name, MAX_SECRET_FILE_BYTES, what="secret file")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        # The path is not secret; the content is, and never appears in a message.
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConfigError(name, f"cannot read secret file {path} ({reason})") from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(name, f"cannot read secret file {path} (not UTF-8 text)") from exc
     return text.removesuffix("\n").removesuffix("\r")
 
 

@@ -211,22 +211,18 @@ def load_menu(path: str | Path | None) -> Menu:
     """The default menu, with the figures of a JSON/YAML file (``--menu``) applied when given."""
     if path is None:
         return Menu()
+    from kvtier.config.files import parse_config_text
+    from kvtier.files import read_bounded
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("--menu", f"{p}: cannot read ({exc.strerror or exc})") from None
+        text = read_bounded(p, "--menu").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("--menu", f"{p}: cannot parse (not UTF-8 text)") from None
     try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            raw = yaml.safe_load(text)
-        else:
-            import json
-
-            raw = json.loads(text)
-    except Exception as exc:  # json.JSONDecodeError / yaml.YAMLError: one line naming the file
-        raise ConfigError("--menu", f"{p}: cannot parse ({type(exc).__name__}: {exc})") from None
+        raw = parse_config_text(text, str(p), yaml_syntax=p.suffix.lower() in (".yaml", ".yml"))
+    except ConfigError as exc:  # syntax, depth, alias bombs: one line naming the file
+        raise ConfigError("--menu", f"cannot parse: {exc.detail}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError("--menu", f"{p}: expected an object with 'gpu' and/or 'tiers'")
     return menu_from_mapping(raw, where=p.name)

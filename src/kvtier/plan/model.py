@@ -24,7 +24,6 @@ Refused with a :class:`~kvtier.errors.ConfigError` naming the key and the way ou
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,13 +92,19 @@ class ModelKV:
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
     """Read a ``config.json``; :class:`ConfigError` naming the file on any problem."""
+    from kvtier.config.files import check_depth, loads_json
+    from kvtier.files import read_bounded
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("--model-config", f"{p}: cannot read ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError("--model-config", f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        text = read_bounded(p, "--model-config").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("--model-config", f"{p}: not JSON (not UTF-8 text)") from None
+    try:
+        data = loads_json(text, str(p))
+        check_depth(data, str(p))
+    except ConfigError as exc:  # a syntax error, or nested too deep (a RecursionError otherwise)
+        raise ConfigError("--model-config", f"{p}: not JSON ({exc.detail.removeprefix(f'{p}')})") from None
     if not isinstance(data, dict):
         raise ConfigError("--model-config", f"{p}: expected a JSON object (a Hugging Face config.json)")
     return data

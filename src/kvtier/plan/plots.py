@@ -34,7 +34,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[cli]'") from exc
+        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[plot]'") from exc
     return plt
 
 
@@ -80,10 +80,12 @@ def plot_capacity(result: PlanResult, path: str | os.PathLike[str]) -> None:
             twin.plot(gib, est_net, color="tab:green", linestyle="--", label="net saving (estimate)")
             others = {k: b for k, b in base.items() if k != kind}
             sims = [p for p in result.simulated if {k: b for k, b in p.stack.sizes if k != kind} == others]
-            for p in sims:
-                x = p.econ.bytes_by_tier.get(kind, 0) / GIB
-                ax.plot([x], [100 * p.block_hit], "o", color="tab:blue")
-                twin.plot([x], [p.econ.net_saving], "s", color="tab:green")
+            if sims:
+                xs_sim = [p.econ.bytes_by_tier.get(kind, 0) / GIB for p in sims]
+                ax.plot(xs_sim, [100 * p.block_hit for p in sims], "o", color="tab:blue",
+                        label="hit ratio (simulated)")  # fmt: skip
+                twin.plot(xs_sim, [p.econ.net_saving for p in sims], "s", color="tab:green",
+                          label="net saving (simulated)")  # fmt: skip
             x_rec = rec.econ.bytes_by_tier.get(kind, 0) / GIB
             ax.plot([x_rec], [100 * rec.block_hit], "*", color="tab:red", markersize=14, label="recommended")
             ax.set_xscale("log")
@@ -95,7 +97,9 @@ def plot_capacity(result: PlanResult, path: str | os.PathLike[str]) -> None:
             ax.grid(True, alpha=0.3)
             lines = ax.get_legend_handles_labels()
             tl = twin.get_legend_handles_labels()
-            ax.legend(lines[0] + tl[0], lines[1] + tl[1], loc="lower right", fontsize=8)
+            # Below the axes, not on them: inside, the legend covered the curves.
+            ax.legend(lines[0] + tl[0], lines[1] + tl[1], loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                      ncol=2, fontsize=8, frameon=False)  # fmt: skip
         fig.suptitle(_title(result, "Hit ratio and net saving against tier capacity"), fontsize=10)
         fig.tight_layout()
         _save(fig, path)
@@ -118,7 +122,10 @@ def plot_pareto(result: PlanResult, path: str | os.PathLike[str]) -> None:
         ax.plot([p.econ.storage_cost for p in front], [p.econ.gpu_value for p in front], color="tab:blue",
                 label="Pareto front (simulated)")  # fmt: skip
         top = max([p.econ.storage_cost for p in sim] + [p.econ.gpu_value for p in sim] + [1.0])
-        ax.plot([0, top], [0, top], color="grey", linestyle=":", label="break-even (value = cost)")
+        # Many points, not two: on the symlog cost axis value = cost is a curve, and a two-point
+        # segment would pass far above it (stacks under the segment saved several times their cost).
+        xs = np.concatenate([np.linspace(0.0, 10.0, 64), np.geomspace(10.0, max(top, 10.0) * 1.05, 192)[1:]])
+        ax.plot(xs, xs, color="grey", linestyle=":", label="break-even (value = cost)")
         rec = result.recommendation
         if rec is not None:
             ax.plot([rec.econ.storage_cost], [rec.econ.gpu_value], "*", color="tab:red", markersize=16,

@@ -125,8 +125,13 @@ def pareto_front(points: Iterable[Point]) -> list[Point]:
 
 
 def _spread(front: Sequence[Point], k: int) -> list[Point]:
+    """``k`` points evenly spread over ``front`` (its ends included when ``k`` >= 2)."""
+    if k <= 0:
+        return []
     if len(front) <= k:
         return list(front)
+    if k == 1:
+        return [front[len(front) // 2]]
     step = (len(front) - 1) / (k - 1)
     return [front[round(i * step)] for i in range(k)]
 
@@ -194,6 +199,7 @@ def search(
     def tick(label: str) -> Callable[[int, int], None]:
         return lambda done, total: progress(label, done, total) if progress is not None else None
 
+    tick("simulating grid")(0, len(first))  # before the first simulation's silence, not after
     simulated = simulate_many(ctx, [p.stack for p in first], jobs=jobs, progress=tick("simulating grid"))
     if refine > 0:
         est_of = {p.stack: p for p in estimates}

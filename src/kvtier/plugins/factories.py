@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.numbers import check_numbers
 from kvtier.plugins.kinds import POLICIES, SPECS, TIERS
 from kvtier.plugins.registry import _target_of, trust_boundary
 
@@ -125,8 +126,10 @@ def tier_contexts(
     for tc in config.secondary_tiers:
         root = tc.options.get("root_dir")
         if isinstance(root, str) and root.strip():
-            # Two tiers on one directory would evict each other's blocks (issue 17).
-            norm = os.path.abspath(os.path.expanduser(root))
+            # Two tiers on one directory would evict each other's blocks (issue 17), also when
+            # one names it through a symlink: compare real paths.
+            norm = os.path.realpath(os.path.expanduser(root))
+            _check_root_is_a_directory(f"{tc.key_path}.root_dir", root, norm)
             if norm in roots:
                 raise ConfigError(
                     f"{tc.key_path}.root_dir",
@@ -145,6 +148,22 @@ def tier_contexts(
             kw["clock"] = clock
         contexts.append(TierContext(**kw))
     return contexts
+
+
+def _check_root_is_a_directory(key: str, root: str, path: str) -> None:
+    """A one-line error when ``path`` or its nearest existing ancestor is not a directory (a
+    regular file there would fail later as a raw ``NotADirectoryError``)."""
+    p = path
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return
+        p = parent
+    if not os.path.isdir(p):
+        where = "is" if p == path else f"is inside {p}, which is"
+        raise ConfigError(
+            key, f"{root!r} {where} not a directory; give the path of a directory (created if missing)"
+        )
 
 
 def _as_tier_config(tier_config: TierConfig | Mapping[str, Any]) -> TierConfig:
@@ -236,6 +255,9 @@ def _resolve_tier(
                 f"{tc.key_path}.{key}", f"is supplied by kvtier and cannot be configured ({what})"
             )
     _check_kwargs(cls, options, _TIER_SUPPLIED, tc.key_path, what)
+    # The one numeric check (finite, in range) for every option the class declares, before the
+    # class's own checks or constructor see the value.
+    check_numbers(options, getattr(cls, "option_ranges", {}), tc.key_path)
     return tc, cls, options, what
 
 

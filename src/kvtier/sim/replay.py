@@ -59,13 +59,15 @@ def replay(
     metrics_port: int | None = None,
     sync: bool = False,
     on_listen: Callable[[str], None] | None = None,
+    metrics_linger: float = 0.0,
     fast: bool = True,
 ) -> ReplayReport:
     """Replay ``trace`` through a fresh engine built from ``config`` and report what happened.
 
     ``simulate`` replaces ``primary_backing`` by ``"none"`` and drives the engine's clock from the trace
     timestamps. ``metrics_port`` (or ``config.metrics_port``) serves the engine's Prometheus metrics
-    on 127.0.0.1 for the duration of the replay; ``on_listen(url)`` is called once it listens (port 0
+    on 127.0.0.1 for the duration of the replay and ``metrics_linger`` seconds after it;
+    ``on_listen(url)`` is called once it listens (port 0
     picks a free port: this is how a caller learns which). ``hook`` is called with the live engine at every
     progress point and once after the last request, before the engine closes.
 
@@ -142,6 +144,10 @@ def replay(
             hook(engine, trace.requests, exporter)
         _fill_tiers(report, engine.stats(), _tier_types(config, engine, simulate))
         report.elapsed_seconds = time.perf_counter() - t0
+        if exporter is not None and metrics_linger > 0:
+            # Keep the final values up for one scrape interval: a replay shorter than Prometheus's
+            # interval would otherwise leave nothing to scrape.
+            time.sleep(metrics_linger)
         return report
     finally:
         if exporter is not None:

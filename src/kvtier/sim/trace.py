@@ -44,6 +44,8 @@ import gzip
 import io
 import json
 import math
+import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +104,14 @@ class TraceRequest:
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    raw = path.open("rb")
+    # Opened without blocking and checked on the descriptor: a FIFO would otherwise wait for a
+    # writer forever, and a device (/dev/zero) is no trace.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TraceError(f"{path}: not a regular file (a FIFO, device or directory); give a trace file")
+    os.set_blocking(fd, True)
+    raw = open(fd, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     magic = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
     if magic == b"\x1f\x8b":
         raw.close()
@@ -206,7 +215,7 @@ def _parse_bailian(obj: dict[str, Any], ts_seconds: float, where: str) -> TraceR
 def iter_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceRequest]:
     """Yield the requests of a trace file in order (at most ``limit``, when given)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise TraceError(f"{p}: trace file not found")
     count = 0
     cap = MAX_LINE_BYTES + 1  # never read more than this at once: a 1 GB line costs ~the cap

@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -105,7 +104,8 @@ import numpy as np
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
-from kvtier.tiers.backpressure import StoreGate
+from kvtier.numbers import COUNT, SECONDS, Range, Ranges, check_number
+from kvtier.tiers.backpressure import GATE_RANGES, StoreGate
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.ratelog import RateLimitedLog
 from kvtier.transfer.workers import Priority, WorkerPool
@@ -127,11 +127,9 @@ Item = tuple[BlockKey, int]
 
 
 def check_seconds(key: str, value: object) -> float:
-    """``value`` as a finite, positive number of seconds, else a ``ConfigError`` naming ``key``."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value <= 0:  # type: ignore[operator]
-        raise ConfigError(key, f"expected a finite number of seconds > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    """``value`` as a finite, positive number of seconds (:data:`kvtier.numbers.SECONDS`), else a
+    ``ConfigError`` naming ``key``."""
+    return float(check_number(key, value, SECONDS))
 
 
 def check_worker_options(threads: object, batch_blocks: object, log_interval: object) -> float:
@@ -210,6 +208,12 @@ class AsyncTier(SecondaryTier):
     #: Run chunks on the submitting thread, each job as one chunk (no workers). For tiers whose
     #: "I/O" is a memory copy (the ``example`` tier); everything else stays the same.
     runs_inline: ClassVar[bool] = False
+    option_ranges: ClassVar[Ranges] = {
+        "threads": Range(1, MAX_THREADS, integer=True),
+        "batch_blocks": COUNT,
+        "log_interval": SECONDS,
+        "backpressure": GATE_RANGES,
+    }
     #: Spread a job's chunks over the workers (``False``: chunks of ``batch_blocks``, so a job of
     #: up to ``batch_blocks`` blocks is one chunk; for clients that parallelise one batched call
     #: themselves, where two concurrent half-size calls cost more than one).

@@ -51,12 +51,25 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.numbers import MAX_BYTES, SECONDS, Range, check_number
 
 __all__ = ["GateConfig", "StoreGate"]
 
 _MIB = float(1 << 20)
 OPEN, THROTTLED, DROPPING = 0, 1, 2
 _STATE_NAMES = ("open", "throttled", "dropping")
+
+
+#: The numeric ``backpressure`` options and their ranges (:mod:`kvtier.numbers`).
+GATE_RANGES = {
+    "high_water": Range(0, 1e6, open_low=True, unit="seconds per MiB"),
+    "low_water": Range(0, 1e6, open_low=True, unit="seconds per MiB"),
+    "drop_water": Range(0, 1e6, open_low=True, unit="seconds per MiB"),
+    "throttle_ratio": Range(0, 1, open_low=True),
+    "alpha": Range(0, 1, open_low=True),
+    "probe_interval": SECONDS,
+    "min_bytes": Range(1, MAX_BYTES, integer=True),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +105,7 @@ class GateConfig:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{key}.enabled", f"expected true or false, got {value!r}")
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"{key}.{f.name}", f"expected a number > 0, got {value!r}")
+            check_number(f"{key}.{f.name}", value, GATE_RANGES[f.name])
         if not self.low_water < self.high_water <= self.drop_water:
             raise ConfigError(
                 key,

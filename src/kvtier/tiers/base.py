@@ -26,6 +26,7 @@ from kvtier.config import parse_size
 from kvtier.errors import MisuseError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import Ranges
 from kvtier.policies.base import CachePolicy
 
 __all__ = [
@@ -232,6 +233,9 @@ class SecondaryTier(ABC):
     shared: ClassVar[bool] = False
     #: The simulator passes ``primary=`` (a :class:`PrimaryProfile`) to :meth:`simulation`.
     simulation_uses_primary: ClassVar[bool] = False
+    #: Every numeric option and its allowed range (:mod:`kvtier.numbers`): checked for each
+    #: configured entry before anything is built. A subclass extends its base's table.
+    option_ranges: ClassVar[Ranges] = {}
 
     def __init__(self, *, primary_kv_view: memoryview, context: TierContext) -> None:
         if primary_kv_view.ndim != 2 or primary_kv_view.itemsize != 1:

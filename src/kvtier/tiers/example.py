@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import COUNT, Ranges
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.base import TierContext
 
@@ -36,6 +37,7 @@ class ExampleTier(AsyncTier):
 
     medium: ClassVar[str] = "CPU"
     runs_inline: ClassVar[bool] = True
+    option_ranges: ClassVar[Ranges] = {"capacity_blocks": COUNT}
 
     def __init__(
         self,

@@ -45,6 +45,7 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import BYTES, SECONDS, Ranges
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
@@ -137,6 +138,14 @@ class FsTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     persistent: ClassVar[bool] = True
     shared: ClassVar[bool] = True
+    option_ranges: ClassVar[Ranges] = {
+        **AsyncTier.option_ranges,
+        "max_bytes": BYTES,
+        "full_backoff": SECONDS,
+        "refresh_interval": SECONDS,
+        "small_block_bytes": BYTES,
+        "segment_bytes": BYTES,
+    }
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # ``root_dirs`` (several disks) builds a striped tier of one FsTier per root (of this very

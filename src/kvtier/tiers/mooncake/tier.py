@@ -77,8 +77,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvtier import codec
-from kvtier.errors import ConfigError, MisuseError, TierUnavailableError
+from kvtier.errors import ConfigError, MisuseError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
+from kvtier.numbers import MAX_BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.mooncake import codes as mc
@@ -99,9 +100,21 @@ _STORE_STAGING_MAX = 2 << 20
 
 
 def _size(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, f"expected an integer number of bytes >= {minimum}, got {value!r}")
-    return value
+    rng = range_of(MooncakeTier.option_ranges, name)
+    if isinstance(value, float):  # integral floats are not bytes Mooncake's C++ client accepts
+        raise ConfigError(name, f"expected {rng.describe()}, got {value!r}")
+    return int(check_number(name, value, rng))
+
+
+def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
+    """Mooncake answers INTERNAL_ERROR to every put when its transfer engine bound an address the
+    holders cannot reach, which is what happens when ``MC_TCP_BIND_ADDRESS`` is unset."""
+    if "INTERNAL_ERROR" in message and not env.get("MC_TCP_BIND_ADDRESS"):
+        return (
+            "set MC_TCP_BIND_ADDRESS to this node's address (127.0.0.1 on one machine) in every "
+            "Mooncake process and this one (docs/mooncake.md)"
+        )
+    return None
 
 
 def _text(name: str, value: Any, example: str) -> str:
@@ -138,6 +151,14 @@ class MooncakeTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = mc.MOONCAKE_ERRORS
+    option_ranges: ClassVar[Ranges] = {
+        **RemoteTier.option_ranges,
+        "local_buffer_size": Range(1 << 20, MAX_BYTES, integer=True),
+        "global_segment_size": Range(0, MAX_BYTES, integer=True),
+        "replica_num": Range(1, 64, integer=True),
+        "staging_max_block": Range(0, MAX_BYTES, integer=True),
+        "store_staging_max_block": Range(0, MAX_BYTES, integer=True),
+    }
     spreads_jobs: ClassVar[bool] = False
 
     def __init__(
@@ -169,6 +190,8 @@ class MooncakeTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), MooncakeTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
@@ -231,6 +254,9 @@ class MooncakeTier(RemoteTier):
         self._flat = self.rows.reshape(-1)
         self._mv = self._flat.data  # slicing a memoryview costs a fraction of an ndarray's
         self._arena_ptr = int(self._arena.ctypes.data)
+
+    def failure_hint(self, err: TierError) -> str | None:
+        return mooncake_hint(str(err), os.environ) or super().failure_hint(err)
 
     # -- naming and buffers ----------------------------------------------------------------------------
     def _name(self, key: BlockKey) -> str:

@@ -59,6 +59,8 @@ UNSIGNED = "UNSIGNED-PAYLOAD"
 _HEAD_MAX = 64 << 10  # a response's status line and headers
 _HEAD_STEP = 8 << 10  # bytes asked for per receive while looking for the head's end
 _ERROR_BODY_MAX = 64 << 10  # an error response's XML body, read to learn its code
+#: A request and its retries end within this many ``timeout``\ s, whatever ``retries`` says.
+RETRY_WINDOW = 2
 _RETRY_STATUS = (500, 502, 504)  # a gateway's passing trouble; 503 "slow down" pauses stores instead
 _CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 
@@ -272,7 +274,8 @@ class S3Wire:
             and headers (one deadline), and for each receive of a body.
         retries: times a request is sent again after a connection failure or a 500, 502 or 504
             (jittered exponential backoff from 20 ms; a timeout is not retried: the deadline is
-            spent, and a cache would rather miss).
+            spent, and a cache would rather miss); retries also stop once ``RETRY_WINDOW``
+            timeouts have passed since the request began.
         ca_file: certificates to trust for ``https`` (``None``: the system's store; the obj tier
             passes botocore's bundle, so both paths trust the same CAs).
     """
@@ -326,6 +329,9 @@ class S3Wire:
         lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in signed.items()), "", ""]
         head = "\r\n".join(lines).encode("latin-1")
         retried, stale = 0, False
+        # Retries stop at a total deadline too, so no ``retries`` value makes a request outlive
+        # RETRY_WINDOW timeouts (a cache would rather miss).
+        give_up = time.monotonic() + RETRY_WINDOW * self.timeout
         while True:
             reused = self.sock is not None
             try:
@@ -339,18 +345,22 @@ class S3Wire:
                     continue
                 if retried >= self.retries:
                     raise
+                failure: Exception = exc
             except BaseException:
                 self.close()  # anything else mid-request leaves the stream out of step
                 raise
             else:
                 if 200 <= resp.status < 300:
                     return resp
-                error = resp.error(operation)
+                failure = resp.error(operation)
                 if resp.status not in _RETRY_STATUS or retried >= self.retries:
-                    raise error
+                    raise failure
             retried += 1
             # Jittered exponential backoff, far under the deadline (a cache would rather miss).
-            time.sleep(random.uniform(0, min(self.timeout / 4, 0.02 * 2**retried)))
+            pause = random.uniform(0, min(self.timeout / 4, 0.02 * 2**retried))
+            if time.monotonic() + pause >= give_up:
+                raise failure
+            time.sleep(pause)
 
     def _exchange(self, head: bytes, body: Sequence[bytes | bytearray | memoryview]) -> Response:
         """Send one request and receive its final response head, within one deadline."""

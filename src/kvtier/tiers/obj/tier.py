@@ -68,6 +68,7 @@ from botocore.config import Config
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
+from kvtier.numbers import BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.obj.clients import META as _META
@@ -144,6 +145,10 @@ def _is_missing(exc: bx.ClientError) -> bool:
     return code in _MISSING or status == 404
 
 
+#: Most retries per request (the ``retries`` option).
+MAX_RETRIES = 3
+
+
 class ObjTier(RemoteTier):
     """KV blocks as S3 objects (see the module doc).
 
@@ -169,6 +174,17 @@ class ObjTier(RemoteTier):
     """
 
     error_map: ClassVar[ErrorMap] = S3_ERRORS
+    option_ranges: ClassVar[Ranges] = {
+        **RemoteTier.option_ranges,
+        "io_threads": range_of(RemoteTier.option_ranges, "threads"),
+        # botocore has no total deadline: few retries keep a request within a few op_timeouts
+        # plus seconds of backoff; the direct path also stops at s3_wire.RETRY_WINDOW.
+        "retries": Range(0, MAX_RETRIES, integer=True),
+        "warm_listing": Range(0, 1 << 32, integer=True),
+        "max_bytes": BYTES,
+        "multipart_threshold": BYTES,
+        "multipart_chunk": BYTES,
+    }
 
     def __init__(
         self,
@@ -205,6 +221,8 @@ class ObjTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), ObjTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
@@ -233,8 +251,7 @@ class ObjTier(RemoteTier):
                 "endpoint_url", f'expected a URL such as "http://127.0.0.1:7480", got {endpoint_url!r}'
             )
         for name, value in (("retries", retries), ("warm_listing", warm_listing)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(name, f"expected an integer >= 0, got {value!r}")
+            check_number(name, value, range_of(self.option_ranges, name))
         self.bucket = bucket
         self.prefix = f"{prefix.strip('/')}/{context.namespace}/"
         self.endpoint_url = endpoint_url
@@ -270,6 +287,11 @@ class ObjTier(RemoteTier):
             self.run_on_worker(Priority.MAINTENANCE, self._boot)
         else:
             self.index.warm = True
+
+    def failure_hint(self, err: TierError) -> str | None:
+        if "NoSuchBucket" in str(err):
+            return f"bucket {self.bucket!r} does not exist: create it, or set create_bucket: true"
+        return super().failure_hint(err)
 
     # -- naming -------------------------------------------------------------------------------------
     def object_name(self, key: BlockKey) -> str:

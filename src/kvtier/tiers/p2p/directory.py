@@ -20,9 +20,13 @@ from typing import Any
 
 import redis
 
-__all__ = ["DirectoryPublisher", "PeerDirectory"]
+__all__ = ["MAX_HOLDER_BYTES", "DirectoryPublisher", "PeerDirectory"]
 
 log = logging.getLogger("kvtier.tiers.p2p.directory")
+
+#: Longest directory value read back ("host:port" fits easily); anyone who can write the directory
+#: could otherwise make every reader download megabytes per key.
+MAX_HOLDER_BYTES = 256
 
 # Delete the entry only when it still names this holder.
 _CAS_DELETE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -60,11 +64,26 @@ class PeerDirectory:
         pipe.execute()
 
     def holders(self, keys: Sequence[bytes]) -> list[str | None]:
-        """The holder of each key (``None``: nobody published it, or its entry expired)."""
+        """The holder of each key (``None``: nobody published it, its entry expired, or its value
+        is not a plausible ``host:port``: longer than :data:`MAX_HOLDER_BYTES` or not UTF-8).
+
+        At most ``MAX_HOLDER_BYTES`` + 1 bytes of each value cross the network (``GETRANGE``).
+        Whether a holder may be connected to is the reader's decision (the p2p tier's
+        ``peer_networks``)."""
         if not keys:
             return []
-        values: list[Any] = self._redis.mget([self._name(k) for k in keys])
-        return [v.decode() if v is not None else None for v in values]
+        pipe = self._redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.getrange(self._name(k), 0, MAX_HOLDER_BYTES)
+        values: list[Any] = pipe.execute()
+        out: list[str | None] = []
+        for v in values:
+            try:
+                ok = bool(v) and len(v) <= MAX_HOLDER_BYTES
+                out.append(v.decode("utf-8") if ok else None)
+            except UnicodeDecodeError:
+                out.append(None)
+        return out
 
     def close(self) -> None:
         self._redis.close()

@@ -35,6 +35,7 @@ from typing import Any
 import xxhash
 
 from kvtier.errors import ConfigError
+from kvtier.files import MAX_SECRET_FILE_BYTES, read_bounded
 
 __all__ = [
     "HEADER",
@@ -281,14 +282,26 @@ def new_nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
-def load_secret(*, secret_env: str | None = None, secret_file: str | None = None, what: str = "p2p") -> bytes:
+def load_secret(
+    *,
+    secret_env: str | None = None,
+    secret_file: str | None = None,
+    what: str = "p2p",
+    secret: str | None = None,
+) -> bytes:
     """The shared secret from the environment variable ``secret_env`` or the file ``secret_file``.
 
     The file must be a regular file readable by its owner only (mode 0600 or stricter), like an ssh
     key. A :class:`ConfigError` names the setting and the fix; the secret itself is never in a message.
     """
-    if secret_env and secret_file:
-        raise ConfigError(f"{what}.secret_env", "set secret_env or secret_file, not both")
+    if sum(bool(x) for x in (secret_env, secret_file, secret)) > 1:
+        raise ConfigError(
+            f"{what}.secret_env", "set one of secret_env, secret_file or secret, not both or all"
+        )
+    if secret is not None:
+        if not isinstance(secret, str) or not secret.strip():
+            raise ConfigError(f"{what}.secret", "expected a non-empty string (the value is never shown)")
+        return secret.strip().encode("utf-8")
     if secret_env:
         value = os.environ.get(secret_env)
         if not value:
@@ -304,8 +317,9 @@ def load_secret(*, secret_env: str | None = None, secret_file: str | None = None
                 f"{what}.secret_file",
                 f"{secret_file} must be a regular file with mode 0600 (run: chmod 600 {secret_file})",
             )
-        with open(secret_file, "rb") as f:
-            value_b = f.read().strip()
+        value_b = read_bounded(
+            secret_file, f"{what}.secret_file", MAX_SECRET_FILE_BYTES, what="secret file"
+        ).strip()
         if not value_b:
             raise ConfigError(f"{what}.secret_file", f"{secret_file} is empty")
         return value_b

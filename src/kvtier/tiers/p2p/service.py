@@ -11,21 +11,33 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.files import regular_file
+from kvtier.numbers import CONNECTIONS, SECONDS, check_numbers
 from kvtier.tiers.p2p.directory import DirectoryPublisher, PeerDirectory
 from kvtier.tiers.p2p.server import BlockServer
 
-__all__ = ["BlockService", "check_serve_options", "start", "start_for_engine"]
+__all__ = ["SERVE_RANGES", "BlockService", "check_serve_options", "start", "start_for_engine"]
 
 _SERVE_KEYS = (
     "host",
     "port",
     "max_connections",
+    "max_pending",
     "idle_timeout",
     "io_timeout",
     "tls_cert",
     "tls_key",
     "directory_ttl",
 )
+
+#: The numeric ``serve`` options and their ranges (:mod:`kvtier.numbers`).
+SERVE_RANGES = {
+    "max_connections": CONNECTIONS,
+    "max_pending": CONNECTIONS,
+    "idle_timeout": SECONDS,
+    "io_timeout": SECONDS,
+    "directory_ttl": SECONDS,
+}
 
 
 class BlockService:
@@ -53,10 +65,7 @@ def check_serve_options(options: Mapping[str, Any]) -> None:
     port = options.get("port", 0)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError("serve.port", f"expected a port in 0..65535 (0 = any free port), got {port!r}")
-    for name in ("max_connections", "idle_timeout", "io_timeout", "directory_ttl"):
-        value = options.get(name, 1)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"serve.{name}", f"expected a number > 0, got {value!r}")
+    check_numbers(options, SERVE_RANGES, "serve")
 
 
 def start(
@@ -67,8 +76,11 @@ def start(
     ctx = None
     if options.get("tls_cert"):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cert = regular_file(options["tls_cert"], "serve.tls_cert", what="PEM file")
+        key = options.get("tls_key")
+        key = None if key is None else regular_file(key, "serve.tls_key", what="PEM file")
         try:
-            ctx.load_cert_chain(options["tls_cert"], options.get("tls_key"))
+            ctx.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError("serve.tls_cert", f"cannot load the certificate/key: {exc}") from None
     server = BlockServer(
@@ -79,6 +91,7 @@ def start(
         layout=layout,
         ssl_context=ctx,
         max_connections=int(options.get("max_connections", 64)),
+        max_pending=int(options.get("max_pending", 16)),
         idle_timeout=float(options.get("idle_timeout", 60.0)),
         io_timeout=float(options.get("io_timeout", 5.0)),
     )

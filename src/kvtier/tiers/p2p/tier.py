@@ -24,6 +24,7 @@ Config (docs/p2p.md)::
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,13 +32,15 @@ from typing import Any, ClassVar
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.files import regular_file
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import BYTES, Range, Ranges, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
 from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.tiers.p2p.directory import PeerDirectory
 from kvtier.tiers.p2p.protocol import ProtocolError, load_secret
-from kvtier.tiers.p2p.service import check_serve_options
+from kvtier.tiers.p2p.service import SERVE_RANGES, check_serve_options
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import ErrorMap, RemoteTimeoutError
 
@@ -98,9 +101,16 @@ class P2PTier(RemoteTier):
     Args (besides :class:`RemoteTier`'s):
         peers: static ``"host:port"`` list of block servers.
         directory: ``redis://`` URL of the shared directory (optional when ``peers`` is set).
-        secret_env / secret_file: where the shared secret is (one of them is required).
+        secret_env / secret_file: where the shared secret is (one of them, or ``secret``, is
+            required).
+        secret: the secret itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__SECRET_FILE``, which
+            reads it from a file.
         layout: layout fingerprint every peer must present (default: none beyond the namespace).
         verify: check each block's checksum (default ``True``).
+        peer_networks: networks (CIDR) a holder named by the directory must be in before this
+            instance connects to it (default loopback only: ``127.0.0.0/8``, ``::1/128``); the
+            static ``peers`` are always trusted. Anyone who can write the directory could
+            otherwise steer every engine's connections to any host and port.
         tls_ca: CA file to verify peers' TLS certificates (enables TLS to peers).
         serve: options of this instance's own block server, started by the engine (``host``,
             ``port``, ``max_connections``, ``tls_cert``, ``tls_key``, ``directory_ttl``).
@@ -114,6 +124,12 @@ class P2PTier(RemoteTier):
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
+    option_ranges: ClassVar[Ranges] = {
+        **RemoteTier.option_ranges,
+        "sim_peers": Range(0, 1 << 20, integer=True),
+        "sim_peer_bytes": BYTES,
+        "serve": SERVE_RANGES,
+    }
     simulation_uses_primary: ClassVar[bool] = True
 
     def __init__(
@@ -125,8 +141,10 @@ class P2PTier(RemoteTier):
         directory: str | None = None,
         secret_env: str | None = None,
         secret_file: str | None = None,
+        secret: str | None = None,
         layout: str = "",
         verify: bool = True,
+        peer_networks: Sequence[str] | None = None,
         tls_ca: str | None = None,
         serve: Mapping[str, Any] | None = None,
         threads: int = 4,
@@ -141,6 +159,8 @@ class P2PTier(RemoteTier):
         sim_peers: int | None = None,
         sim_peer_bytes: int | str | None = None,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), P2PTier.option_ranges)
         _sim_pool({"peers": peers, "sim_peers": sim_peers, "sim_peer_bytes": sim_peer_bytes}, "")
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads, batch_blocks=batch_blocks,
@@ -162,7 +182,10 @@ class P2PTier(RemoteTier):
         if serve is not None:
             check_serve_options(serve)
         self.peers = [str(p) for p in peers]
-        self.secret = load_secret(secret_env=secret_env, secret_file=secret_file)
+        self.peer_networks = _networks(peer_networks)
+        #: Directory entries refused: outside ``peer_networks`` or not an IP ``host:port``.
+        self.untrusted_entries = 0
+        self.secret = load_secret(secret_env=secret_env, secret_file=secret_file, secret=secret)
         self.layout = str(layout)
         self.verify = bool(verify)
         self.serve = dict(serve) if serve is not None else None
@@ -171,7 +194,11 @@ class P2PTier(RemoteTier):
         self.self_address: str | None = None
         self.ssl_context: ssl.SSLContext | None = None
         if tls_ca is not None:
-            self.ssl_context = ssl.create_default_context(cafile=tls_ca)
+            cafile = regular_file(tls_ca, "tls_ca", what="PEM file")
+            try:
+                self.ssl_context = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError("tls_ca", f"{cafile}: not a CA certificate file ({exc})") from None
             self.ssl_context.check_hostname = False  # peers are addressed by IP; the CA vouches
         self._directory = (
             PeerDirectory(directory, context.namespace, timeout=op_timeout) if directory else None
@@ -264,7 +291,10 @@ class P2PTier(RemoteTier):
             holders = self._directory.holders([bytes(k) for k in keys])
             todo = []
             for key, holder in zip(keys, holders, strict=True):
-                if holder and holder != self.self_address and self.breaker(holder).allow():
+                if holder and not self._trusted(holder):
+                    self._distrust(holder)
+                    todo.append(key)
+                elif holder and holder != self.self_address and self.breaker(holder).allow():
                     self._place(key, holder)
                     found[key] = True
                 else:
@@ -282,6 +312,33 @@ class P2PTier(RemoteTier):
                 found[key] = found[key] or yes
             todo = [k for k in todo if not found[k]]
         return [found[k] for k in keys]
+
+    def _trusted(self, holder: str) -> bool:
+        """Whether a directory entry names a peer this instance may connect to: a static peer,
+        or an IP address inside ``peer_networks`` (host names are never resolved for it)."""
+        if holder in self.peers:
+            return True
+        try:
+            host, _ = parse_peer(holder)
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.peer_networks)
+
+    def _distrust(self, holder: str) -> None:
+        with self._lock:
+            self.untrusted_entries += 1
+        shown = holder if len(holder) <= 64 else f"{holder[:64]}... ({len(holder)} chars)"
+        self.rlog.warning(
+            "untrusted",
+            f"kvtier {self.name}: ignored a directory entry outside peer_networks: {shown!r} "
+            "(add the fleet's network to peer_networks if it is yours)",
+        )
+
+    def get_stats(self) -> dict[str, int]:
+        out = super().get_stats()
+        out["untrusted_entries"] = self.untrusted_entries
+        return out
 
     def _ask(self, client: Any, peer: str, keys: list[BlockKey]) -> list[bool]:
         try:
@@ -373,6 +430,29 @@ def _sim_pool(options: Mapping[str, Any], key_path: str) -> tuple[int, int | Non
         count = raw
     size = options.get("sim_peer_bytes")
     return count, None if size is None else parse_size(size, _sub(key_path, "sim_peer_bytes"))
+
+
+#: Where a directory entry may point by default: this machine only (like Redis's protected mode).
+DEFAULT_PEER_NETWORKS = ("127.0.0.0/8", "::1/128")
+
+
+def _networks(value: Sequence[str] | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``peer_networks`` parsed; ``ConfigError`` naming the entry that is no CIDR network."""
+    if value is None:
+        value = DEFAULT_PEER_NETWORKS
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigError(
+            "peer_networks", f'expected a list of networks such as ["127.0.0.0/8"], got {value!r}'
+        )
+    out = []
+    for i, text in enumerate(value):
+        try:
+            out.append(ipaddress.ip_network(str(text), strict=False))
+        except ValueError:
+            raise ConfigError(
+                f"peer_networks[{i}]", f"expected a network such as 127.0.0.0/8, got {text!r}"
+            ) from None
+    return out
 
 
 def _sub(key_path: str, key: str) -> str:

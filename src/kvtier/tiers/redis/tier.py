@@ -48,10 +48,11 @@ from redis.retry import Retry
 
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
+from kvtier.numbers import TTL_SECONDS, Ranges, check_number, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.redis.wire import BulkReader, send_vectored
-from kvtier.tiers.remote.base import RemoteTier, positive_number
+from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import (
     ErrorMap,
     RemoteFullError,
@@ -123,12 +124,15 @@ class RedisTier(RemoteTier):
         key_prefix: first part of every key (several deployments can share a server).
         ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
         password_env: name of an environment variable holding the password (overrides the URL's).
+        password: the password itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__PASSWORD_FILE``,
+            which reads it from a file (overrides the URL's; not with ``password_env``).
         tls_ca_file: PEM file of the certificate authorities a ``rediss://`` server's certificate
             is checked against (default: the system's); the certificate must name the host.
         **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
     """
 
     error_map: ClassVar[ErrorMap] = REDIS_ERRORS
+    option_ranges: ClassVar[Ranges] = {**RemoteTier.option_ranges, "ttl": TTL_SECONDS}
 
     def __init__(
         self,
@@ -140,6 +144,7 @@ class RedisTier(RemoteTier):
         key_prefix: str = "kvtier",
         ttl: float | None = None,
         password_env: str | None = None,
+        password: str | None = None,
         tls_ca_file: str | None = None,
         threads: int = 4,
         batch_blocks: int = 8,
@@ -153,6 +158,8 @@ class RedisTier(RemoteTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), RedisTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
@@ -180,10 +187,17 @@ class RedisTier(RemoteTier):
             raise ConfigError("cluster", "a Redis Cluster is reached over TCP: use a redis:// URL")
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ConfigError("key_prefix", f"expected a non-empty string, got {key_prefix!r}")
-        self.ttl_ms = None if ttl is None else int(positive_number("ttl", ttl) * 1000)
+        self.ttl_ms = None if ttl is None else int(check_number("ttl", ttl, TTL_SECONDS) * 1000)
         # Drop "+cluster" from the scheme only (urlunsplit would turn "unix:///p" into "unix:/p").
         self._url = url.replace("+cluster://", "://", 1)
         self._password: str | None = None
+        if password is not None and password_env is not None:
+            raise ConfigError("password", "set password (or PASSWORD_FILE) or password_env, not both")
+        if password is not None:
+            if not isinstance(password, str) or not password:
+                raise ConfigError("password", "expected a non-empty string (the value is never shown)")
+            self._password = password
+            self._url = _without_password(self._url)
         if password_env is not None:
             if not isinstance(password_env, str) or password_env not in os.environ:
                 raise ConfigError("password_env", f"environment variable {password_env!r} is not set")

@@ -45,11 +45,12 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.remote.breaker import CircuitBreaker
-from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
+from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError, RemoteTimeoutError
 from kvtier.tiers.remote.index import ExistenceIndex
 from kvtier.transfer.workers import Priority
 
@@ -61,12 +62,24 @@ _CHECK_BATCH = 256
 
 
 def positive_number(name: str, value: Any, *, maximum: float | None = None) -> float:
-    """``value`` as a float > 0 (and <= ``maximum``), else a :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(name, f"expected a number > 0, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(name, f"expected at most {maximum:g}, got {value!r}")
-    return float(value)
+    """``value`` as finite seconds > 0 (and <= ``maximum``, default :data:`SECONDS`'s), else a
+    :class:`ConfigError` naming ``name`` (:func:`kvtier.numbers.check_number`)."""
+    rng = SECONDS if maximum is None else Range(0, maximum, open_low=True, unit="seconds")
+    return float(check_number(name, value, rng))
+
+
+#: A request's own deadline: long enough for a cold gateway, short enough for a cache.
+OP_TIMEOUT = Range(0, 60, open_low=True, unit="seconds")
+
+
+def with_hint(err: TierError, hint_of: Callable[[TierError], str | None]) -> TierError:
+    """``err`` with ``hint_of(err)`` appended to its message (same class, same cause)."""
+    hint = hint_of(err)
+    if not hint or hint in str(err):
+        return err
+    hinted = type(err)(f"{err}; {hint}")
+    hinted.__cause__ = err.__cause__
+    return hinted
 
 
 class RemoteTier(AsyncTier):
@@ -91,6 +104,15 @@ class RemoteTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     #: The backend's exception map (subclasses set it).
     error_map: ClassVar[ErrorMap] = ErrorMap("remote", [])
+    option_ranges: ClassVar[Ranges] = {
+        **AsyncTier.option_ranges,
+        "op_timeout": OP_TIMEOUT,
+        "breaker_failures": Range(1, 1 << 20, integer=True),
+        "breaker_reset": SECONDS,
+        "negative_ttl": NONNEG_SECONDS,
+        "full_backoff": SECONDS,
+        "index_capacity": Range(1, 1 << 32, integer=True),
+    }
 
     def __init__(
         self,
@@ -109,6 +131,8 @@ class RemoteTier(AsyncTier):
         index_capacity: int = 1 << 20,
         log_interval: float = 10.0,
     ) -> None:
+        # Every number first, before any worker thread or connection exists (kvtier.numbers).
+        check_numbers(locals(), RemoteTier.option_ranges)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
@@ -117,23 +141,22 @@ class RemoteTier(AsyncTier):
             log_interval=log_interval,
             store_gate=StoreGate(GateConfig.from_options(backpressure)),
         )
-        self.op_timeout = positive_number("op_timeout", op_timeout, maximum=60)
-        if (
-            isinstance(breaker_failures, bool)
-            or not isinstance(breaker_failures, int)
-            or breaker_failures < 1
-        ):
-            raise ConfigError("breaker_failures", f"expected an integer >= 1, got {breaker_failures!r}")
-        self.breaker_failures = breaker_failures
-        self.breaker_reset = positive_number("breaker_reset", breaker_reset)
-        self.full_backoff = positive_number("full_backoff", full_backoff)
-        if isinstance(negative_ttl, bool) or not isinstance(negative_ttl, int | float) or negative_ttl < 0:
-            raise ConfigError("negative_ttl", f"expected a number >= 0, got {negative_ttl!r}")
+        ranges = RemoteTier.option_ranges
+        self.op_timeout = float(check_number("op_timeout", op_timeout, range_of(ranges, "op_timeout")))
+        self.breaker_failures = int(
+            check_number("breaker_failures", breaker_failures, range_of(ranges, "breaker_failures"))
+        )
+        self.breaker_reset = float(
+            check_number("breaker_reset", breaker_reset, range_of(ranges, "breaker_reset"))
+        )
+        self.full_backoff = float(
+            check_number("full_backoff", full_backoff, range_of(ranges, "full_backoff"))
+        )
+        check_number("negative_ttl", negative_ttl, range_of(ranges, "negative_ttl"))
         if unknown_keys not in ExistenceIndex.POLICIES:
             choices = ", ".join(ExistenceIndex.POLICIES)
             raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
-        if isinstance(index_capacity, bool) or not isinstance(index_capacity, int) or index_capacity < 1:
-            raise ConfigError("index_capacity", f"expected an integer >= 1, got {index_capacity!r}")
+        check_number("index_capacity", index_capacity, range_of(ranges, "index_capacity"))
         self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys, self.removals)
         self.ns_tag = codec.namespace_tag(context.namespace)
         #: This namespace's block headers (``self.headers(key, payload)``).
@@ -438,12 +461,22 @@ class RemoteTier(AsyncTier):
         try:
             result = fn(self._client())
         except Exception as exc:
-            err = self.error_map.translate(exc)
+            err = with_hint(self.error_map.translate(exc), self.failure_hint)
             self._on_error(route, err)
             return err
         if answered:
             self.breaker(route).success()
         return result
+
+    def failure_hint(self, err: TierError) -> str | None:
+        """What the user can do about ``err`` (appended to its message, so logs, failed jobs and
+        ``kvtier check`` show it), or ``None``. Subclasses add their backend's cases."""
+        if isinstance(err, RemoteTimeoutError):
+            return (
+                f"if the server is only slow (a cold gateway's first requests), raise op_timeout "
+                f"(now {self.op_timeout:g} s)"
+            )
+        return None
 
     def _on_error(self, route: str, err: TierError) -> None:
         where = f" ({route})" if route else ""
