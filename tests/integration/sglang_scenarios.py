@@ -34,22 +34,25 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory
 LAYERS, HEADS, DIM, PAGE, TOKENS = 2, 2, 64, 4, 256
 
 
-def host_pool(layout: str = "page_first") -> Any:
+def host_pool(
+    layout: str = "page_first", *, tokens: int = TOKENS, layers: int = LAYERS, heads: int = HEADS, dim: int = DIM,
+    page: int = PAGE,
+) -> Any:
     """SGLang's MHA host pool on CPU (the "device" buffers are CPU tensors: no GPU here)."""
-    k = tuple(torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float16) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float16) for _ in range(LAYERS))
+    k = tuple(torch.zeros(tokens, heads, dim, dtype=torch.float16) for _ in range(layers))
+    v = tuple(torch.zeros(tokens, heads, dim, dtype=torch.float16) for _ in range(layers))
 
     def ptrs(ts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
 
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=torch.float16,
+        page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim, dtype=torch.float16,
         device=torch.device("cpu"),
     )  # fmt: skip
     return MHATokenToKVPoolHost(
-        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
+        info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=tokens, start_layer=0, end_layer=layers - 1,
     )  # fmt: skip
 
 
