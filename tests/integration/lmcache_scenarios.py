@@ -57,6 +57,17 @@ def fill(objs: list[Any], seed: int) -> str:
 
 # -- through LMCache's StorageManager --------------------------------------------------------------
 def manager(raw: str) -> StorageManager:
+    """LMCache's storage stack for ``--l2-adapter RAW``; a JSON list is the argument list of a whole
+    ``lmcache server`` command line (from the docs), parsed by that command's own parser."""
+    if raw.startswith("["):
+        import argparse
+
+        from lmcache.cli.commands.server import ServerCommand
+        from lmcache.v1.distributed.config import parse_args_to_config
+
+        parser = argparse.ArgumentParser()
+        ServerCommand().add_arguments(parser)
+        return StorageManager(parse_args_to_config(parser.parse_args(json.loads(raw))))
     cfg = parse_args(["--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter", raw])
     return StorageManager(cfg)
 

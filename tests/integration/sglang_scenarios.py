@@ -35,7 +35,12 @@ LAYERS, HEADS, DIM, PAGE, TOKENS = 2, 2, 64, 4, 256
 
 
 def host_pool(
-    layout: str = "page_first", *, tokens: int = TOKENS, layers: int = LAYERS, heads: int = HEADS, dim: int = DIM,
+    layout: str = "page_first",
+    *,
+    tokens: int = TOKENS,
+    layers: int = LAYERS,
+    heads: int = HEADS,
+    dim: int = DIM,
     page: int = PAGE,
 ) -> Any:
     """SGLang's MHA host pool on CPU (the "device" buffers are CPU tensors: no GPU here)."""
@@ -57,18 +62,20 @@ def host_pool(
 
 
 def extra_config_from_command_line(raw: str) -> dict[str, Any]:
-    """What SGLang makes of ``--hicache-storage-backend-extra-config RAW``."""
+    """What SGLang makes of ``--hicache-storage-backend-extra-config RAW``; a JSON list is a whole
+    ``sglang.launch_server`` argument list (a command line from the docs)."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    args = parser.parse_args(
-        ["--model-path", "m", "--enable-hierarchical-cache", "--hicache-storage-backend", "dynamic",
-         "--hicache-storage-backend-extra-config", raw]
-    )  # fmt: skip
-    assert args.hicache_storage_backend == "dynamic"
+    argv = json.loads(raw) if raw.startswith("[") else [
+        "--model-path", "m", "--enable-hierarchical-cache", "--hicache-storage-backend", "dynamic",
+        "--hicache-storage-backend-extra-config", raw,
+    ]  # fmt: skip
+    args = parser.parse_args(argv)
+    assert args.enable_hierarchical_cache and args.hicache_storage_backend == "dynamic"
     config, *_ = HybridCacheController.parse_storage_backend_extra_config(
         args.hicache_storage_backend_extra_config
     )
