@@ -109,7 +109,8 @@ class BufferTier:
     def exists(self, keys: Sequence[BlockKey], *, stop_at_miss: bool = False) -> list[bool]:
         """Whether each key can be loaded (``RETRY`` is asked again until the deadline).
 
-        With ``stop_at_miss`` the answers after the first miss are ``False`` without asking."""
+        With ``stop_at_miss`` every answer after the first miss is ``False``, and the tier is not
+        asked again about keys past a miss it already reported."""
         answers: list[bool | None] = [None] * len(keys)
         end = time.monotonic() + self.deadline
         while True:
@@ -136,7 +137,11 @@ class BufferTier:
             if not retry or time.monotonic() >= end:
                 break
             time.sleep(0.001)
-        return [a is True for a in answers]
+        out = [a is True for a in answers]
+        if stop_at_miss and False in out:
+            first = out.index(False)
+            out[first:] = [False] * (len(out) - first)
+        return out
 
     # -- transfers ---------------------------------------------------------------------------
     def submit(self, keys: Sequence[BlockKey], rows: Sequence[int], *, load: bool, done: Done) -> None:
