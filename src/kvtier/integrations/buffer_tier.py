@@ -143,6 +143,13 @@ class BufferTier:
             out[first:] = [False] * (len(out) - first)
         return out
 
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Tell the tier ``keys`` were just used (its eviction keeps them longest)."""
+        if not keys:
+            return
+        with contextlib.suppress(Exception), self._lock:
+            self.tier.touch(keys)
+
     # -- transfers ---------------------------------------------------------------------------
     def submit(self, keys: Sequence[BlockKey], rows: Sequence[int], *, load: bool, done: Done) -> None:
         """Start a store (``load=False``) or load of ``keys[i]`` at row ``rows[i]``; ``done`` is

@@ -114,6 +114,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             kind: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for kind in ("store", "lookup", "load")
         }
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
         self._next_task = 1
         self._store_done: dict[int, Any] = {}
         self._lookup_done: dict[int, Any] = {}
@@ -157,9 +158,14 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
     def _tier(self, size: int, in_arena: bool) -> BufferTier:
         """The tier serving objects of ``size`` bytes (built on first use)."""
-        bt = self._tiers.get((size, in_arena))
-        if bt is not None:
+        with self._build_lock:  # the store and prefetch controllers may ask at once
+            bt = self._tiers.get((size, in_arena))
+            if bt is None:
+                bt = self._build_tier(size, in_arena)
+                self._tiers[(size, in_arena)] = bt
             return bt
+
+    def _build_tier(self, size: int, in_arena: bool) -> BufferTier:
         if in_arena:
             arena = self._arena
             align = int(arena.align_bytes)
@@ -176,12 +182,10 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         namespace = make_namespace(
             "lmcache", block_size=1, layout=f"object={size}", cache_salt=self.config.tenant
         )
-        bt = BufferTier(
+        return BufferTier(
             self.config.tier, rows=view, namespace=namespace.fingerprint.hex(), deadline=self.config.deadline,
             name="lmcache", plugins=self._plugins,
         )  # fmt: skip
-        self._tiers[(size, in_arena)] = bt
-        return bt
 
     def _row(self, obj: Any) -> int | None:
         """Arena row of ``obj``, or ``None`` when it is outside the arena (staged instead)."""
@@ -284,8 +288,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                         hit.add(i)
                     else:
                         gone.extend(self._forget(b))
-                with contextlib.suppress(Exception), bt._lock:
-                    bt.tier.touch([b for (_i, b), h in zip(items, answers, strict=True) if h])
+                bt.touch([b for (_i, b), h in zip(items, answers, strict=True) if h])
             with self._lock:
                 for i in sorted(hit):
                     bitmap.set(i)

@@ -104,7 +104,11 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         row = int(sizes[0])
         if any(int(s) != row for s in sizes):
             raise ValueError(f"host pool layout {mem_pool_host.layout!r} has unequal page parts {set(sizes)}")
-        flat = buf.reshape(-1).view(_torch_uint8())  # a view: the pool's own memory
+        if not buf.is_contiguous() or buf.device.type != "cpu":
+            raise ValueError(
+                f"host pool buffer must be one contiguous CPU tensor, got {buf.device} {buf.stride()}"
+            )
+        flat = buf.reshape(-1).view(_torch_uint8())  # a view of the pool's own memory (contiguous)
         nbytes = flat.numel()
         if nbytes % row:
             raise ValueError(f"host pool buffer of {nbytes} bytes is not a whole number of {row}-byte rows")
