@@ -22,9 +22,9 @@ The task model mapped onto kvtier's jobs:
   the tier reads and writes each object in place. Without an arena (or for an object outside it),
   the object is staged through a buffer the adapter owns (one copy).
 * Lookup-and-lock answers a bitmap of the keys the tier holds and counts a lock per hit key; the
-  tier is told the keys were just used (its eviction keeps them longest). ``submit_unlock`` only
-  drops counts (it cannot fail). A key evicted despite a lock loads as a miss (bit 0), which
-  LMCache handles.
+  tier is told the keys were just used (its eviction keeps them longest) and so are LMCache's
+  listeners (``_notify_keys_accessed``). ``submit_unlock`` only drops counts (it cannot fail).
+  A key evicted despite a lock loads as a miss (bit 0), which LMCache handles.
 * Capacity: kvtier tiers bound themselves (``max_bytes``), so ``max_capacity_bytes`` is 0 (LMCache's
   global L2 eviction off); ``_notify_keys_stored`` fires once per newly stored key with its size,
   ``_notify_keys_deleted`` when a key this adapter stored turns out gone (a miss on lookup or load)
@@ -296,6 +296,10 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         except Exception:
             logger.exception("kvtier L2: lookup task %d failed (answered as misses)", task)
         self._notify_gone(gone)
+        found = [keys[i] for i in range(len(keys)) if bitmap.test(i)]
+        if found:
+            with contextlib.suppress(Exception):  # a listener's failure is not the lookup's
+                self._notify_keys_accessed(found)
         self._finish_lookup(task, bitmap)
 
     def _sizes_for(self, key: Any, layouts: dict[int, Any]) -> list[int]:
