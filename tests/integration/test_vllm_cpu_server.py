@@ -1,5 +1,6 @@
 """vLLM's OpenAI server (vLLM's CPU build) with kvtier's redis tier: real HTTP requests, ``/metrics``,
-a second engine process sharing the tier, and a clean SIGINT shutdown.
+KV events for kvtier-held blocks at a ZMQ subscriber, a second engine process sharing the tier, and
+a clean SIGINT shutdown.
 
 One server process for the module (engine start is the slow part): it runs ``KvtierCPUTieringSpec``
 with a ``KvtierTier`` entry on a real ``redis-server`` on 127.0.0.1. The server is started exactly as
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need_module
 from remote_servers import RedisServer, free_port
 from vllm_cpu import (
     BLOCK_TOKENS,
@@ -41,7 +44,53 @@ PROMPT = prompt(2, TOKENS)
 START_TIMEOUT = 300.0
 
 
-def _extra(redis_url: str) -> dict[str, Any]:
+class Subscriber:
+    """A ZMQ SUB socket bound on loopback that vLLM's KV-event publisher connects to; a thread keeps
+    every event batch it receives, decoded without vLLM's classes (the engine runs in another venv)."""
+
+    def __init__(self) -> None:
+        zmq = need_module("zmq")
+        self.msgpack = need_module("msgspec").msgpack
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.setsockopt(zmq.RCVTIMEO, 200)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.batches: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-events-sub", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        while not self._stop.is_set():
+            try:
+                frames = self.sock.recv_multipart()
+            except zmq.Again:
+                continue
+            self.batches.append(self.msgpack.decode(frames[-1]))
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event received, as a mapping with its type under ``type`` (vLLM 0.32 encodes an event
+        as a tagged map; an array-like encoding is read as its tag and its values)."""
+        out: list[dict[str, Any]] = []
+        for batch in list(self.batches):
+            for ev in batch[1]:
+                if isinstance(ev, dict):
+                    out.append(ev)
+                elif isinstance(ev, list) and ev:
+                    out.append({"type": ev[0], "values": ev[1:]})
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def _extra(redis_url: str, *, kv_events: bool = False) -> dict[str, Any]:
     return {
         "spec_name": "KvtierCPUTieringSpec",
         "spec_module_path": "kvtier.integrations.vllm",
@@ -54,6 +103,7 @@ def _extra(redis_url: str) -> dict[str, Any]:
                 "url": redis_url,
                 "key_prefix": "vllm-cpu-test",
                 "op_timeout": 2.0,
+                "enable_kv_events": kv_events,
             }
         ],
     }
@@ -62,7 +112,9 @@ def _extra(redis_url: str) -> dict[str, Any]:
 class Server:
     """One ``api_server`` process on a free loopback port; its log goes to a file."""
 
-    def __init__(self, model: Path, extra: dict[str, Any], workdir: Path) -> None:
+    def __init__(
+        self, model: Path, extra: dict[str, Any], workdir: Path, kv_events: dict[str, Any] | None = None
+    ) -> None:
         self.engine_id = f"kvtier-test-{uuid.uuid4().hex[:12]}"
         self.port = free_port()
         self.model = str(model)
@@ -75,6 +127,8 @@ class Server:
             "--shutdown-timeout", "30",
             "--kv-transfer-config", json.dumps(kv_config(extra, self.engine_id)),
         ]  # fmt: skip
+        if kv_events is not None:
+            args += ["--kv-events-config", json.dumps(kv_events)]
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             args,
@@ -161,9 +215,27 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def server(redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def subscriber() -> Iterator[Subscriber]:
+    sub = Subscriber()
+    try:
+        yield sub
+    finally:
+        sub.close()
+
+
+@pytest.fixture(scope="module")
+def server(
+    redis: RedisServer, subscriber: Subscriber, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     model = shared_model(tmp_path_factory.mktemp("model"))
-    srv = Server(model, _extra(redis.url), tmp_path_factory.mktemp("server"))
+    # vLLM's publisher connects to a non-wildcard endpoint: the subscriber binds on loopback.
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{subscriber.port}",
+        "topic": "kv",
+    }
+    srv = Server(model, _extra(redis.url, kv_events=True), tmp_path_factory.mktemp("server"), events)
     try:
         yield srv
     finally:
@@ -213,6 +285,30 @@ def test_kvtier_families_are_on_the_servers_metrics(served: dict[str, Any]) -> N
     ours = "\n".join(line for line in metrics.splitlines() if "kvtier" in line)
     assert _counter(metrics, "kvtier:tier_stores") >= FULL_BLOCKS, ours
     assert _counter(metrics, "kvtier:tier_loads") >= FULL_BLOCKS - 1, ours
+
+
+def test_kv_events_announce_the_blocks_kvtier_holds(
+    served: dict[str, Any], subscriber: Subscriber, server: Server
+) -> None:
+    """vLLM's KV-event publisher tells a router which blocks the kvtier tier stored: BlockStored events
+    with the STORAGE medium and the tier's name as ownership, one per offloaded block."""
+    deadline = time.monotonic() + 30
+    while True:
+        ours = [
+            ev
+            for ev in subscriber.events()
+            if ev.get("type") == "BlockStored"
+            and (ev.get("ownership") == "kvtier-redis" or "kvtier-redis" in ev.get("values", ()))
+        ]
+        hashes = {repr(h) for ev in ours for h in ev.get("block_hashes", ev.get("values", [[]])[0])}
+        if len(hashes) >= FULL_BLOCKS or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    said = [line for line in server.log().splitlines() if "event" in line.lower()][:20]
+    media = {ev.get("medium") for ev in ours if "type" in ev and "values" not in ev}
+    media |= {v for ev in ours for v in ev.get("values", ()) if v in ("STORAGE", "CPU")}
+    assert ours and media == {"STORAGE"}, (subscriber.events()[:3], len(subscriber.batches), said)
+    assert len(hashes) >= FULL_BLOCKS
 
 
 def test_a_second_engine_process_loads_what_the_server_stored(

@@ -544,6 +544,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._service.close()
             self._service = self._served = None
         tier.shutdown()
+        # Everything that still names the tier goes too (the KV event log holds it), else the tier
+        # and its view outlive this call and vLLM logs "Failed to close mmap_obj" at its cleanup.
+        self._events = None
         del self._tier, tier
         gc.collect()
 
