@@ -15,7 +15,10 @@
 
 Errors that mirror a builtin also subclass it (``PluginImportError`` is a ``ModuleNotFoundError``) so
 callers that already catch the builtin keep working. Backend exceptions (OSError, redis, botocore) are
-translated at the tier boundary with ``raise ... from exc`` so the cause is never lost.
+translated at the tier boundary with ``raise ... from exc`` so the cause is never lost. Exceptions
+defined elsewhere in kvtier (the p2p protocol's, the fs tier's) derive from this tree too
+(``tests/unit/test_errors.py`` walks every module). A missing optional dependency is named with the
+extra that installs it (:func:`install_hint`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,31 @@ __all__ = [
     "TierError",
     "TierUnavailableError",
     "UnknownPluginError",
+    "install_hint",
 ]
+
+#: The extra of ``pyproject.toml`` that installs each optional top-level module kvtier imports
+#: (``tests/unit/test_packaging.py`` checks each against the extras).
+EXTRA_OF_MODULE = {
+    "redis": "redis",
+    "boto3": "s3",
+    "botocore": "s3",
+    "mooncake": "mooncake",
+    "torch": "torch",
+    "transformers": "hf",
+    "matplotlib": "plot",
+    "prometheus_client": "metrics",
+    "yaml": "cli",
+    "rich": "cli",
+}
+
+
+def install_hint(module: str) -> str:
+    """How to install the missing ``module`` (a dotted name is fine): the kvtier extra that brings
+    it, e.g. ``pip install 'kvtier[redis]'``; for a module no extra installs, ``pip install <top>``."""
+    top = module.split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    return f"pip install 'kvtier[{extra}]'" if extra else f"pip install {top}"
 
 
 class KvtierError(Exception):

@@ -34,7 +34,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[cli]'") from exc
+        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[plot]'") from exc
     return plt
 
 

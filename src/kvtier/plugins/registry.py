@@ -26,6 +26,7 @@ from kvtier.errors import (
     PluginNotAllowedError,
     PluginTypeError,
     UnknownPluginError,
+    install_hint,
 )
 
 if TYPE_CHECKING:
@@ -372,7 +373,7 @@ class Registry(Generic[T]):
         except ModuleNotFoundError as exc:
             missing = exc.name or module
             inner = "" if module == missing or module.startswith(missing + ".") else (
-                f" (it needs {missing!r}, which is not installed)"
+                f" (it needs {missing!r}, which is not installed: {install_hint(missing)})"
             )  # fmt: skip
             raise PluginImportError(
                 f"{key}: cannot import module {module!r} for {self.kind} {name!r}{inner}: {exc}",
