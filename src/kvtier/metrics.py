@@ -5,9 +5,10 @@ custom collector, so the exported counters are the engine's own counters (no sec
 drift, no cost on the hot path), and ``replay`` reports and Prometheus agree by construction.
 ``prometheus_client`` is imported only when a collector or exporter is created (extra ``metrics``).
 
-Exported families (``tier`` is ``"primary"`` or a secondary tier's name). :data:`METRICS` lists them
-(name, type, labels); a family whose source the engine does not report has no samples but keeps its
-name, so dashboards and alerts never change when the engine starts reporting it.
+Exported families (``tier`` is ``"primary"`` or a secondary tier's name). :data:`FAMILIES` declares
+them once (name, type, labels, help text and the ``stats()`` fields that feed each; :data:`METRICS`
+is its (name, type, labels) view, and a test holds this table to it); a family whose source a tier
+does not report has no samples but keeps its name, so dashboards and alerts never change.
 
 ==========================================  =========  ==============================================
 name                                         type       labels / meaning
@@ -58,6 +59,7 @@ import logging
 import platform
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.errors import KvtierError
@@ -67,8 +69,10 @@ if TYPE_CHECKING:
     from kvtier.config import KvtierConfig
 
 __all__ = [
+    "FAMILIES",
     "METRICS",
     "EngineCollector",
+    "Family",
     "MetricsExporter",
     "StatsSource",
     "exporter_from_config",
@@ -79,35 +83,200 @@ __all__ = [
 
 log = logging.getLogger("kvtier.metrics")
 
-#: Every exported family: (name as exposed, type, labels besides const labels). Final names.
-METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("kvtier_build_info", "gauge", ("version", "python")),
-    ("kvtier_lookups_total", "counter", ()),
-    ("kvtier_tier_lookups_total", "counter", ("tier",)),
-    ("kvtier_hits_total", "counter", ("tier",)),
-    ("kvtier_bytes_total", "counter", ("tier", "direction")),
-    ("kvtier_transfer_seconds_total", "counter", ("tier", "direction")),
-    ("kvtier_operation_duration_seconds", "histogram", ("tier", "operation")),
-    ("kvtier_evictions_total", "counter", ("tier",)),
-    ("kvtier_corrupt_blocks_total", "counter", ("tier",)),
-    ("kvtier_dropped_stores_total", "counter", ("tier",)),
-    ("kvtier_failed_jobs_total", "counter", ("tier",)),
-    ("kvtier_store_gate_state", "gauge", ("tier",)),
-    ("kvtier_store_gate_throttled_total", "counter", ("tier",)),
-    ("kvtier_tier_errors_total", "counter", ("tier",)),
-    ("kvtier_promotions_total", "counter", ("tier",)),
-    ("kvtier_inflight_jobs", "gauge", ("tier",)),
-    ("kvtier_tier_used_bytes", "gauge", ("tier",)),
-    ("kvtier_tier_max_bytes", "gauge", ("tier",)),
-    ("kvtier_primary_resident_blocks", "gauge", ()),
-    ("kvtier_primary_slots", "gauge", ()),
-    ("kvtier_engine_inflight_jobs", "gauge", ()),
-    ("kvtier_engine_inflight_promotions", "gauge", ()),
-    ("kvtier_engine_deferred_stores", "gauge", ()),
-    ("kvtier_engine_throttled_stores_total", "counter", ()),
-    ("kvtier_engine_tier_errors_total", "counter", ()),
-    ("kvtier_engine_promotions_total", "counter", ("result",)),
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One exported family, declared once: what :meth:`EngineCollector.collect` yields and the
+    documentation, dashboard and tests check.
+
+    ``name`` is the name as exposed (counters end in ``_total``); ``labels`` are those besides the
+    const labels; ``fields`` are the ``engine.stats()`` entries that feed it, as dotted paths where
+    ``tiers.*`` is every secondary tier's entry (``tests/unit/test_metrics_exposition.py`` checks
+    that a real engine reports every one).
+    """
+
+    name: str
+    kind: str
+    labels: tuple[str, ...]
+    doc: str
+    fields: tuple[str, ...] = ()
+
+    @property
+    def base(self) -> str:
+        """The name ``prometheus_client`` families take (without a counter's ``_total``)."""
+        return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+
+#: Every exported family, in exposition order.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "kvtier_build_info", "gauge", ("version", "python"), "kvtier version and Python version (always 1)"
+    ),
+    Family("kvtier_lookups_total", "counter", (), "Block keys looked up in the engine", ("lookups",)),
+    Family(
+        "kvtier_tier_lookups_total",
+        "counter",
+        ("tier",),
+        "Keys asked of each tier",
+        ("lookups", "tiers.*.lookups"),
+    ),
+    Family("kvtier_hits_total", "counter", ("tier",), "Keys found in each tier", ("hits", "tiers.*.hits")),
+    Family(
+        "kvtier_bytes_total",
+        "counter",
+        ("tier", "direction"),
+        "Bytes moved per tier and direction",
+        ("bytes_loaded", "bytes_stored", "tiers.*.bytes_read", "tiers.*.bytes_written"),
+    ),
+    Family(
+        "kvtier_transfer_seconds_total",
+        "counter",
+        ("tier", "direction"),
+        "Seconds spent in transfer jobs per tier and direction",
+        ("tiers.*.read_seconds", "tiers.*.write_seconds"),
+    ),
+    Family(
+        "kvtier_operation_duration_seconds",
+        "histogram",
+        ("tier", "operation"),
+        "Latency of each operation per tier",
+        ("latency",),
+    ),
+    Family(
+        "kvtier_evictions_total",
+        "counter",
+        ("tier",),
+        "Blocks evicted from each tier",
+        ("evictions", "tiers.*.evictions"),
+    ),
+    Family(
+        "kvtier_corrupt_blocks_total",
+        "counter",
+        ("tier",),
+        "Blocks that failed verification",
+        ("tiers.*.corrupt",),
+    ),
+    Family(
+        "kvtier_dropped_stores_total",
+        "counter",
+        ("tier",),
+        "Stores given up",
+        ("dropped_stores", "tiers.*.dropped_stores"),
+    ),
+    Family(
+        "kvtier_failed_jobs_total",
+        "counter",
+        ("tier",),
+        "Transfer jobs that failed",
+        ("tiers.*.failed_jobs",),
+    ),
+    Family(
+        "kvtier_store_gate_state",
+        "gauge",
+        ("tier",),
+        "Store back-pressure gate of each tier: 0 open, 1 throttled, 2 dropping",
+        ("tiers.*.gate_state",),
+    ),
+    Family(
+        "kvtier_store_gate_throttled_total",
+        "counter",
+        ("tier",),
+        "Stores refused by each tier's back-pressure gate (store latency over its marks)",
+        ("tiers.*.gate_throttled",),
+    ),
+    Family(
+        "kvtier_tier_errors_total",
+        "counter",
+        ("tier",),
+        "Tier calls that raised (each answered as a miss)",
+        ("tiers.*.errors",),
+    ),
+    Family(
+        "kvtier_promotions_total",
+        "counter",
+        ("tier",),
+        "Blocks promoted into the primary tier from each tier",
+        ("tiers.*.promotions",),
+    ),
+    Family(
+        "kvtier_inflight_jobs",
+        "gauge",
+        ("tier",),
+        "Transfer jobs submitted to each tier and not yet reported",
+        ("primary.inflight_jobs", "tiers.*.inflight_jobs"),
+    ),
+    Family(
+        "kvtier_tier_used_bytes",
+        "gauge",
+        ("tier",),
+        "Bytes held by each tier (primary: resident slots x row stride)",
+        ("primary.resident", "primary.row_stride", "tiers.*.used_bytes"),
+    ),
+    Family(
+        "kvtier_tier_max_bytes",
+        "gauge",
+        ("tier",),
+        "Capacity of each tier in bytes",
+        ("primary.num_slots", "primary.row_stride", "tiers.*.max_bytes"),
+    ),
+    Family(
+        "kvtier_primary_resident_blocks",
+        "gauge",
+        (),
+        "Blocks held in the primary tier",
+        ("primary.resident",),
+    ),
+    Family("kvtier_primary_slots", "gauge", (), "Primary tier capacity in blocks", ("primary.num_slots",)),
+    Family(
+        "kvtier_engine_inflight_jobs",
+        "gauge",
+        (),
+        "Tier jobs in flight, all tiers (the admission budget)",
+        ("jobs_inflight",),
+    ),
+    Family(
+        "kvtier_engine_inflight_promotions", "gauge", (), "Promotion jobs in flight", ("promotions_inflight",)
+    ),
+    Family(
+        "kvtier_engine_deferred_stores",
+        "gauge",
+        (),
+        "Store jobs waiting for the in-flight budget",
+        ("deferred_stores",),
+    ),
+    Family(
+        "kvtier_engine_throttled_stores_total",
+        "counter",
+        (),
+        "Blocks whose tier store the job budget gave up",
+        ("tier_stores_dropped",),
+    ),
+    Family(
+        "kvtier_engine_tier_errors_total",
+        "counter",
+        (),
+        "Tier calls that raised, all tiers",
+        ("tier_errors",),
+    ),
+    Family(
+        "kvtier_engine_promotions_total",
+        "counter",
+        ("result",),
+        "Promotions by result",
+        ("promotions", "promotions_failed", "promotions_rejected", "promotions_skipped_cost"),
+    ),
 )
+
+#: The engine-wide single-sample families: read straight from their one field.
+_SCALARS = tuple(f for f in FAMILIES if not f.labels and len(f.fields) == 1)
+#: Per-tier families of secondary tiers only, each read from its one ``tiers.*`` field.
+_SECONDARY_ONLY = tuple(
+    f for f in FAMILIES if f.labels == ("tier",) and len(f.fields) == 1 and f.fields[0].startswith("tiers.*.")
+)
+_BY_NAME = {f.name: f for f in FAMILIES}
+
+#: Every exported family: (name as exposed, type, labels besides const labels). Final names.
+METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple((f.name, f.kind, f.labels) for f in FAMILIES)
 
 StatsFn = Callable[[], Mapping[str, Any]]
 
@@ -256,7 +425,7 @@ class EngineCollector:
                 continue  # a tier without config_info simply has no max_bytes series
 
     def _tier_max(self, name: str, t: Mapping[str, Any]) -> float | None:
-        reported = _tier_gauge(t, "max_bytes", "capacity_bytes")
+        reported = _tier_gauge(t, "max_bytes")
         return reported if reported is not None else self._max_bytes.get(name)
 
     def describe(self) -> list[Any]:
@@ -264,173 +433,121 @@ class EngineCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
+        """Every family of :data:`FAMILIES`, read from one ``stats()`` snapshot, in its order."""
         pc = _require_prometheus()
         try:
             stats = self._stats()
         except Exception:
             return
-        fams = pc.metrics_core
-        ln = list(self._labels)
-        lv = list(self._labels.values())
-        tiers = tier_counters(stats)
-        secondary = _secondary(stats)
+        made = _Families(pc.metrics_core, self._labels)
         primary = stats.get("primary", {})
         primary = primary if isinstance(primary, Mapping) else {}
+        out = {
+            **self._engine_families(made, stats),
+            **self._tier_families(made, stats, primary),
+            **self._moved_families(made, stats, primary),
+        }
+        for fam in FAMILIES:
+            yield out[fam.name]
 
+    def _engine_families(self, made: _Families, stats: Mapping[str, Any]) -> dict[str, Any]:
+        """The build info, the single-sample engine families and promotions by result."""
         from kvtier import __version__
 
-        build = fams.GaugeMetricFamily(
-            "kvtier_build_info",
-            "kvtier version and Python version (always 1)",
-            labels=[*ln, "version", "python"],
+        out = {
+            "kvtier_build_info": made.family(
+                _BY_NAME["kvtier_build_info"], [(__version__, platform.python_version(), 1.0)]
+            )
+        }
+        primary = stats.get("primary", {})
+        for fam in _SCALARS:
+            path = fam.fields[0].split(".")
+            src = primary if path[0] == "primary" and isinstance(primary, Mapping) else stats
+            out[fam.name] = made.family(fam, [(_num(src.get(path[-1])),)])
+        promos = _BY_NAME["kvtier_engine_promotions_total"]
+        results = ("started", "failed", "rejected", "skipped_cost")
+        out[promos.name] = made.family(
+            promos, [(r, _num(stats.get(k))) for r, k in zip(results, promos.fields, strict=True)]
         )
-        build.add_metric([*lv, __version__, platform.python_version()], 1.0)
-        yield build
+        return out
 
-        def single(kind: str, name: str, doc: str, value: float) -> Any:
-            cls = fams.CounterMetricFamily if kind == "counter" else fams.GaugeMetricFamily
-            fam = cls(name, doc, labels=ln)
-            fam.add_metric(lv, value)
-            return fam
-
-        yield single(
-            "counter", "kvtier_lookups", "Block keys looked up in the engine", _num(stats.get("lookups"))
-        )
-
-        def per_tier(kind: str, name: str, doc: str, values: Mapping[str, float | None]) -> Any:
-            cls = fams.CounterMetricFamily if kind == "counter" else fams.GaugeMetricFamily
-            fam = cls(name, doc, labels=[*ln, "tier"])
-            for tier, v in values.items():
-                if v is not None:
-                    fam.add_metric([*lv, tier], v)
-            return fam
-
-        def column(key: str) -> dict[str, float | None]:
-            return {tier: c[key] for tier, c in tiers.items()}
-
-        yield per_tier("counter", "kvtier_tier_lookups", "Keys asked of each tier", column("lookups"))
-        yield per_tier("counter", "kvtier_hits", "Keys found in each tier", column("hits"))
-        yield per_tier("counter", "kvtier_evictions", "Blocks evicted from each tier", column("evictions"))
-        yield per_tier(
-            "counter", "kvtier_corrupt_blocks", "Blocks that failed verification", column("corrupt")
-        )
-        yield per_tier("counter", "kvtier_dropped_stores", "Stores given up", column("dropped_stores"))
-        yield per_tier("counter", "kvtier_failed_jobs", "Transfer jobs that failed", column("failed_jobs"))
-        # Every I/O tier (AsyncTier) carries its StoreGate's counters; others have no series.
-        yield per_tier(
-            "gauge",
-            "kvtier_store_gate_state",
-            "Store back-pressure gate of each tier: 0 open, 1 throttled, 2 dropping",
-            {n: _tier_gauge(t, "gate_state") for n, t in secondary.items()},
-        )
-        yield per_tier(
-            "counter",
-            "kvtier_store_gate_throttled",
-            "Stores refused by each tier's back-pressure gate (store latency over its marks)",
-            {n: _tier_gauge(t, "gate_throttled") for n, t in secondary.items()},
-        )
-        yield per_tier(
-            "counter",
-            "kvtier_tier_errors",
-            "Tier calls that raised (each answered as a miss)",
-            {n: _tier_gauge(t, "errors", "tier_errors") for n, t in secondary.items()},
-        )
-        yield per_tier(
-            "counter",
-            "kvtier_promotions",
-            "Blocks promoted into the primary tier from each tier",
-            {n: _tier_gauge(t, "promotions", "loads") for n, t in secondary.items()},
-        )
-        yield per_tier(
-            "gauge",
-            "kvtier_inflight_jobs",
-            "Transfer jobs submitted to each tier and not yet reported",
-            {"primary": _tier_gauge(primary, "inflight_jobs")}
-            | {n: _tier_gauge(t, "inflight_jobs", "in_flight_jobs") for n, t in secondary.items()},
-        )
+    def _tier_families(
+        self, made: _Families, stats: Mapping[str, Any], primary: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The per-tier counters and gauges (``tier`` label): primary and every secondary tier."""
+        tiers = tier_counters(stats)
+        secondary = _secondary(stats)
+        out: dict[str, Any] = {}
+        for name, key in (
+            ("kvtier_tier_lookups_total", "lookups"), ("kvtier_hits_total", "hits"),
+            ("kvtier_evictions_total", "evictions"), ("kvtier_corrupt_blocks_total", "corrupt"),
+            ("kvtier_dropped_stores_total", "dropped_stores"), ("kvtier_failed_jobs_total", "failed_jobs"),
+        ):  # fmt: skip
+            out[name] = made.family(_BY_NAME[name], [(tier, c[key]) for tier, c in tiers.items()])
+        for fam in _SECONDARY_ONLY:
+            field = fam.fields[0].removeprefix("tiers.*.")
+            out[fam.name] = made.per_tier(fam, {n: _tier_gauge(t, field) for n, t in secondary.items()})
         used, cap = _primary_bytes(primary)
-        yield per_tier(
-            "gauge",
-            "kvtier_tier_used_bytes",
-            "Bytes held by each tier (primary: resident slots x row stride)",
-            {"primary": used if primary else None}
-            | {n: _tier_gauge(t, "used_bytes", "index_bytes") for n, t in secondary.items()},
-        )
-        yield per_tier(
-            "gauge",
-            "kvtier_tier_max_bytes",
-            "Capacity of each tier in bytes",
-            {"primary": cap if primary else None} | {n: self._tier_max(n, t) for n, t in secondary.items()},
-        )
+        gauges: dict[str, dict[str, float | None]] = {
+            "kvtier_inflight_jobs": {"primary": _tier_gauge(primary, "inflight_jobs")}
+            | {n: _tier_gauge(t, "inflight_jobs") for n, t in secondary.items()},
+            "kvtier_tier_used_bytes": {"primary": used if primary else None}
+            | {n: _tier_gauge(t, "used_bytes") for n, t in secondary.items()},
+            "kvtier_tier_max_bytes": {"primary": cap if primary else None}
+            | {n: self._tier_max(n, t) for n, t in secondary.items()},
+        }
+        for name, values in gauges.items():
+            out[name] = made.per_tier(_BY_NAME[name], values)
+        return out
 
-        nbytes = fams.CounterMetricFamily(
-            "kvtier_bytes", "Bytes moved per tier and direction", labels=[*ln, "tier", "direction"]
-        )
-        secs = fams.CounterMetricFamily(
-            "kvtier_transfer_seconds",
-            "Seconds spent in transfer jobs per tier and direction",
-            labels=[*ln, "tier", "direction"],
-        )
-        for tier, c in tiers.items():
-            nbytes.add_metric([*lv, tier, "read"], c["bytes_read"])
-            nbytes.add_metric([*lv, tier, "write"], c["bytes_written"])
+    def _moved_families(
+        self, made: _Families, stats: Mapping[str, Any], primary: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Bytes and job seconds per tier and direction, and the latency histograms."""
+        secondary = _secondary(stats)
+        nbytes: list[tuple[Any, ...]] = []
+        secs: list[tuple[Any, ...]] = []
+        for tier, c in tier_counters(stats).items():
+            nbytes += [(tier, "read", c["bytes_read"]), (tier, "write", c["bytes_written"])]
             # Only where job times are reported: a constant 0 would read as "infinitely fast".
             raw = primary if tier == "primary" else secondary.get(tier, {})
             if _tier_gauge(raw, "read_seconds", "load_seconds") is not None:
-                secs.add_metric([*lv, tier, "read"], c["read_seconds"])
+                secs.append((tier, "read", c["read_seconds"]))
             if _tier_gauge(raw, "write_seconds", "store_seconds") is not None:
-                secs.add_metric([*lv, tier, "write"], c["write_seconds"])
-        yield nbytes
-        yield secs
+                secs.append((tier, "write", c["write_seconds"]))
+        hist = _BY_NAME["kvtier_operation_duration_seconds"]
+        return {
+            "kvtier_bytes_total": made.family(_BY_NAME["kvtier_bytes_total"], nbytes),
+            "kvtier_transfer_seconds_total": made.family(_BY_NAME["kvtier_transfer_seconds_total"], secs),
+            hist.name: made.family(hist, [(t, op, b, total) for t, op, b, total in _histograms(stats)]),
+        }
 
-        hist = fams.HistogramMetricFamily(
-            "kvtier_operation_duration_seconds",
-            "Latency of each operation per tier",
-            labels=[*ln, "tier", "operation"],
-        )
-        for tier, op, buckets, total in _histograms(stats):
-            hist.add_metric([*lv, tier, op], buckets, total)
-        yield hist
 
-        yield single(
-            "gauge", "kvtier_primary_resident_blocks", "Blocks held in the primary tier",
-            _first(primary, "resident", "resident_blocks", "used_slots"),
-        )  # fmt: skip
-        yield single(
-            "gauge", "kvtier_primary_slots", "Primary tier capacity in blocks",
-            _first(primary, "num_slots", "slots", "capacity"),
-        )  # fmt: skip
-        yield single(
-            "gauge", "kvtier_engine_inflight_jobs", "Tier jobs in flight, all tiers (the admission budget)",
-            _num(stats.get("jobs_inflight", stats.get("inflight_jobs"))),
-        )  # fmt: skip
-        yield single(
-            "gauge", "kvtier_engine_inflight_promotions", "Promotion jobs in flight",
-            _num(stats.get("promotions_inflight")),
-        )  # fmt: skip
-        yield single(
-            "gauge", "kvtier_engine_deferred_stores", "Store jobs waiting for the in-flight budget",
-            _num(stats.get("deferred_stores")),
-        )  # fmt: skip
-        yield single(
-            "counter", "kvtier_engine_throttled_stores", "Blocks whose tier store the job budget gave up",
-            _num(stats.get("tier_stores_dropped")),
-        )  # fmt: skip
-        yield single(
-            "counter", "kvtier_engine_tier_errors", "Tier calls that raised, all tiers",
-            _num(stats.get("tier_errors")),
-        )  # fmt: skip
-        promos = fams.CounterMetricFamily(
-            "kvtier_engine_promotions", "Promotions by result", labels=[*ln, "result"]
-        )
-        for result, key in (
-            ("started", "promotions"),
-            ("failed", "promotions_failed"),
-            ("rejected", "promotions_rejected"),
-            ("skipped_cost", "promotions_skipped_cost"),
-        ):
-            promos.add_metric([*lv, result], _num(stats.get(key)))
-        yield promos
+class _Families:
+    """Builds ``prometheus_client`` families of :data:`FAMILIES` entries with the const labels."""
+
+    def __init__(self, core: Any, const_labels: Mapping[str, str]) -> None:
+        self.core = core
+        self.names = list(const_labels)
+        self.values = list(const_labels.values())
+
+    def family(self, fam: Family, samples: list[tuple[Any, ...]]) -> Any:
+        """``fam`` with one sample per tuple: its label values, then the value (a histogram: its
+        cumulative buckets and sum)."""
+        cls = {
+            "counter": self.core.CounterMetricFamily,
+            "gauge": self.core.GaugeMetricFamily,
+            "histogram": self.core.HistogramMetricFamily,
+        }[fam.kind]
+        out = cls(fam.base, fam.doc, labels=[*self.names, *fam.labels])
+        n = len(fam.labels)
+        for sample in samples:
+            out.add_metric([*self.values, *sample[:n]], *sample[n:])
+        return out
+
+    def per_tier(self, fam: Family, values: Mapping[str, float | None]) -> Any:
+        """``fam`` with one sample per tier whose value is known (``None``: no series)."""
+        return self.family(fam, [(tier, v) for tier, v in values.items() if v is not None])
 
 
 def register_collector(
