@@ -274,6 +274,24 @@ def test_every_family_is_fed_by_fields_a_real_engine_reports(tmp_path: Path) -> 
             assert before != after, f"{fam.name} does not change with {path}"
 
 
+def test_every_family_field_is_a_field_of_the_typed_stats() -> None:
+    """The collector reads :class:`kvtier.stats.EngineStats` field by field: each declared source is
+    one of its fields (``primary.x``: PrimaryStats, ``tiers.*.x``: TierReport)."""
+    import dataclasses
+
+    from kvtier.stats import EngineStats, PrimaryStats, TierReport
+
+    names = {
+        "": {f.name for f in dataclasses.fields(EngineStats)},
+        "primary": {f.name for f in dataclasses.fields(PrimaryStats)},
+        "tiers.*": {f.name for f in dataclasses.fields(TierReport)},
+    }
+    for fam in FAMILIES:
+        for path in fam.fields:
+            owner, _, leaf = path.rpartition(".")
+            assert leaf in names[owner], f"{fam.name}: {path} is no field of the typed stats"
+
+
 def test_families_are_declared_once_and_documented() -> None:
     """METRICS is FAMILIES' view; the module docstring's table lists exactly the same names."""
     import kvtier.metrics as m

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from kvtier.errors import KvtierError
 from kvtier.metrics.families import BY_NAME, FAMILIES, SCALAR_FAMILIES, SECONDARY_FAMILIES, Family
+from kvtier.stats import EngineStats, PrimaryStats, TierReport
 
 __all__ = [
     "EngineCollector",
@@ -28,92 +29,46 @@ class StatsSource(Protocol):
     def stats(self) -> Mapping[str, Any]: ...
 
 
-def _num(value: Any) -> float:
-    """A counter value from a stats entry; missing or non-numeric values read as 0."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    return 0.0
-
-
-def _first(d: Mapping[str, Any], *names: str) -> float:
-    for n in names:
-        if n in d:
-            return _num(d[n])
-    return 0.0
-
-
 def tier_counters(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per-tier counters from an ``engine.stats()`` snapshot, keyed by tier name.
 
-    The primary tier is ``"primary"``; its counters come from ``stats["primary"]`` with the engine's
-    top-level totals as fallback (``evictions``, ``dropped_stores``). Every tier gets the same keys:
-    ``lookups, hits, bytes_read, bytes_written, read_seconds, write_seconds, evictions, corrupt,
-    dropped_stores, failed_jobs``. ``replay`` builds its per-tier report from this same function.
+    The primary tier is ``"primary"``, read from the engine's totals (its lookups and hits are the
+    engine's; "read" is bytes copied out to the inference engine, "write" bytes stored in). Every
+    tier gets the same keys: ``lookups, hits, bytes_read, bytes_written, read_seconds,
+    write_seconds, evictions, corrupt, dropped_stores, failed_jobs``. ``replay`` builds its per-tier
+    report from this same function.
     """
-    out: dict[str, dict[str, float]] = {}
-    primary = stats.get("primary", {})
-    if not isinstance(primary, Mapping):
-        primary = {}
-    out["primary"] = {
-        "lookups": _first(primary, "lookups") or _num(stats.get("lookups")),
-        "hits": _first(primary, "hits") or _num(stats.get("hits")),
-        # Primary "read" = blocks copied out to the inference engine (loads), "write" = stored in.
-        "bytes_read": _first(primary, "bytes_read") or _num(stats.get("bytes_loaded")),
-        "bytes_written": _first(primary, "bytes_written") or _num(stats.get("bytes_stored")),
-        "read_seconds": _first(primary, "read_seconds", "load_seconds"),
-        "write_seconds": _first(primary, "write_seconds", "store_seconds"),
-        "evictions": _first(primary, "evictions") or _num(stats.get("evictions")),
-        "corrupt": _first(primary, "corrupt"),
-        "dropped_stores": _first(primary, "dropped_stores") or _num(stats.get("dropped_stores")),
-        "failed_jobs": _first(primary, "failed_jobs"),
-    }
-    tiers = stats.get("tiers", {})
-    if isinstance(tiers, Mapping):
-        for name, t in tiers.items():
-            if not isinstance(t, Mapping):
-                continue
-            out[str(name)] = {
-                "lookups": _first(t, "lookups"),
-                "hits": _first(t, "hits"),
-                "bytes_read": _first(t, "bytes_read"),
-                "bytes_written": _first(t, "bytes_written"),
-                "read_seconds": _first(t, "read_seconds", "load_seconds"),
-                "write_seconds": _first(t, "write_seconds", "store_seconds"),
-                "evictions": _first(t, "evictions"),
-                "corrupt": _first(t, "corrupt"),
-                "dropped_stores": _first(t, "dropped_stores"),
-                "failed_jobs": _first(t, "failed_jobs"),
-            }
+    return _tier_counters(EngineStats.from_mapping(stats))
+
+
+def _tier_counters(s: EngineStats) -> dict[str, dict[str, float]]:
+    p = s.primary or PrimaryStats()
+    out = {
+        "primary": {
+            "lookups": s.lookups, "hits": s.hits,
+            "bytes_read": s.bytes_loaded, "bytes_written": s.bytes_stored,
+            "read_seconds": p.read_seconds or 0.0, "write_seconds": p.write_seconds or 0.0,
+            "evictions": s.evictions, "corrupt": 0.0, "dropped_stores": s.dropped_stores, "failed_jobs": 0.0,
+        }
+    }  # fmt: skip
+    for name, t in s.tiers.items():
+        out[name] = {
+            "lookups": t.lookups, "hits": t.hits,
+            "bytes_read": t.bytes_read, "bytes_written": t.bytes_written,
+            "read_seconds": t.read_seconds or 0.0, "write_seconds": t.write_seconds or 0.0,
+            "evictions": t.evictions, "corrupt": t.corrupt, "dropped_stores": t.dropped_stores,
+            "failed_jobs": t.failed_jobs,
+        }  # fmt: skip
     return out
 
 
-def _tier_gauge(t: Mapping[str, Any], *names: str) -> float | None:
-    """The first of ``names`` present in a tier's stats, else ``None`` (the series is left out)."""
-    for n in names:
-        if n in t:
-            return _num(t[n])
-    return None
-
-
-def _secondary(stats: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    tiers = stats.get("tiers", {})
-    if not isinstance(tiers, Mapping):
-        return {}
-    return {str(k): v for k, v in tiers.items() if isinstance(v, Mapping)}
-
-
-def _histograms(stats: Mapping[str, Any]) -> Iterator[tuple[str, str, list[tuple[str, float]], float]]:
+def _histograms(latency: Mapping[str, Any]) -> Iterator[tuple[str, str, list[tuple[str, float]], float]]:
     """``(tier, operation, cumulative buckets, sum)`` from ``stats["latency"]``.
 
     The engine reports ``latency = {tier: {operation: {"buckets": [[upper_bound_seconds,
     cumulative_count], ...], "sum": seconds, "count": n}}}``; the ``+Inf`` bucket is ``count``. A
     malformed entry is skipped (a scrape never fails on one).
     """
-    latency = stats.get("latency", {})
-    if not isinstance(latency, Mapping):
-        return
     for tier, ops in latency.items():
         if not isinstance(ops, Mapping):
             continue
@@ -129,11 +84,6 @@ def _histograms(stats: Mapping[str, Any]) -> Iterator[tuple[str, str, list[tuple
             buckets = [(repr(le), n) for le, n in bounds if le != float("inf")]
             buckets.append(("+Inf", count))
             yield str(tier), str(op), buckets, total
-
-
-def _primary_bytes(primary: Mapping[str, Any]) -> tuple[float, float]:
-    stride = _first(primary, "row_stride", "block_bytes")
-    return _first(primary, "resident") * stride, _first(primary, "num_slots") * stride
 
 
 def require_prometheus() -> Any:
@@ -165,9 +115,8 @@ class EngineCollector:
             except Exception:
                 continue  # a tier without config_info simply has no max_bytes series
 
-    def _tier_max(self, name: str, t: Mapping[str, Any]) -> float | None:
-        reported = _tier_gauge(t, "max_bytes")
-        return reported if reported is not None else self._max_bytes.get(name)
+    def _tier_max(self, name: str, t: TierReport) -> float | None:
+        return t.max_bytes if t.max_bytes is not None else self._max_bytes.get(name)
 
     def describe(self) -> list[Any]:
         # Returning nothing keeps registration from calling stats() (the engine may not be ready).
@@ -177,47 +126,38 @@ class EngineCollector:
         """Every family of :data:`FAMILIES`, read from one ``stats()`` snapshot, in its order."""
         pc = require_prometheus()
         try:
-            stats = self._stats()
+            stats = EngineStats.from_mapping(self._stats())
         except Exception:
             return
         made = _Families(pc.metrics_core, self._labels)
-        primary = stats.get("primary", {})
-        primary = primary if isinstance(primary, Mapping) else {}
         out = {
             **self._engine_families(made, stats),
-            **self._tier_families(made, stats, primary),
-            **self._moved_families(made, stats, primary),
+            **self._tier_families(made, stats),
+            **_moved(made, stats),
         }
         for fam in FAMILIES:
             yield out[fam.name]
 
-    def _engine_families(self, made: _Families, stats: Mapping[str, Any]) -> dict[str, Any]:
+    def _engine_families(self, made: _Families, s: EngineStats) -> dict[str, Any]:
         """The build info, the single-sample engine families and promotions by result."""
         from kvtier import __version__
 
-        out = {
-            "kvtier_build_info": made.family(
-                BY_NAME["kvtier_build_info"], [(__version__, platform.python_version(), 1.0)]
-            )
-        }
-        primary = stats.get("primary", {})
+        build = BY_NAME["kvtier_build_info"]
+        out = {build.name: made.family(build, [(__version__, platform.python_version(), 1.0)])}
         for fam in SCALAR_FAMILIES:
-            path = fam.fields[0].split(".")
-            src = primary if path[0] == "primary" and isinstance(primary, Mapping) else stats
-            out[fam.name] = made.family(fam, [(_num(src.get(path[-1])),)])
+            owner, _, name = fam.fields[0].rpartition(".")
+            src: Any = (s.primary or PrimaryStats()) if owner == "primary" else s
+            out[fam.name] = made.family(fam, [(getattr(src, name),)])
         promos = BY_NAME["kvtier_engine_promotions_total"]
         results = ("started", "failed", "rejected", "skipped_cost")
         out[promos.name] = made.family(
-            promos, [(r, _num(stats.get(k))) for r, k in zip(results, promos.fields, strict=True)]
+            promos, [(r, getattr(s, k)) for r, k in zip(results, promos.fields, strict=True)]
         )
         return out
 
-    def _tier_families(
-        self, made: _Families, stats: Mapping[str, Any], primary: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    def _tier_families(self, made: _Families, s: EngineStats) -> dict[str, Any]:
         """The per-tier counters and gauges (``tier`` label): primary and every secondary tier."""
-        tiers = tier_counters(stats)
-        secondary = _secondary(stats)
+        tiers = _tier_counters(s)
         out: dict[str, Any] = {}
         for name, key in (
             ("kvtier_tier_lookups_total", "lookups"), ("kvtier_hits_total", "hits"),
@@ -227,41 +167,39 @@ class EngineCollector:
             out[name] = made.family(BY_NAME[name], [(tier, c[key]) for tier, c in tiers.items()])
         for fam in SECONDARY_FAMILIES:
             field = fam.fields[0].removeprefix("tiers.*.")
-            out[fam.name] = made.per_tier(fam, {n: _tier_gauge(t, field) for n, t in secondary.items()})
-        used, cap = _primary_bytes(primary)
+            out[fam.name] = made.per_tier(fam, {n: getattr(t, field) for n, t in s.tiers.items()})
+        p = s.primary
         gauges: dict[str, dict[str, float | None]] = {
-            "kvtier_inflight_jobs": {"primary": _tier_gauge(primary, "inflight_jobs")}
-            | {n: _tier_gauge(t, "inflight_jobs") for n, t in secondary.items()},
-            "kvtier_tier_used_bytes": {"primary": used if primary else None}
-            | {n: _tier_gauge(t, "used_bytes") for n, t in secondary.items()},
-            "kvtier_tier_max_bytes": {"primary": cap if primary else None}
-            | {n: self._tier_max(n, t) for n, t in secondary.items()},
+            "kvtier_inflight_jobs": {"primary": p.inflight_jobs if p else None}
+            | {n: t.inflight_jobs for n, t in s.tiers.items()},
+            "kvtier_tier_used_bytes": {"primary": p.resident * p.row_stride if p else None}
+            | {n: t.used_bytes for n, t in s.tiers.items()},
+            "kvtier_tier_max_bytes": {"primary": p.num_slots * p.row_stride if p else None}
+            | {n: self._tier_max(n, t) for n, t in s.tiers.items()},
         }
         for name, values in gauges.items():
             out[name] = made.per_tier(BY_NAME[name], values)
         return out
 
-    def _moved_families(
-        self, made: _Families, stats: Mapping[str, Any], primary: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Bytes and job seconds per tier and direction, and the latency histograms."""
-        secondary = _secondary(stats)
-        nbytes: list[tuple[Any, ...]] = []
-        secs: list[tuple[Any, ...]] = []
-        for tier, c in tier_counters(stats).items():
-            nbytes += [(tier, "read", c["bytes_read"]), (tier, "write", c["bytes_written"])]
-            # Only where job times are reported: a constant 0 would read as "infinitely fast".
-            raw = primary if tier == "primary" else secondary.get(tier, {})
-            if _tier_gauge(raw, "read_seconds", "load_seconds") is not None:
-                secs.append((tier, "read", c["read_seconds"]))
-            if _tier_gauge(raw, "write_seconds", "store_seconds") is not None:
-                secs.append((tier, "write", c["write_seconds"]))
-        hist = BY_NAME["kvtier_operation_duration_seconds"]
-        return {
-            "kvtier_bytes_total": made.family(BY_NAME["kvtier_bytes_total"], nbytes),
-            "kvtier_transfer_seconds_total": made.family(BY_NAME["kvtier_transfer_seconds_total"], secs),
-            hist.name: made.family(hist, [(t, op, b, total) for t, op, b, total in _histograms(stats)]),
-        }
+
+def _moved(made: _Families, s: EngineStats) -> dict[str, Any]:
+    """Bytes and job seconds per tier and direction, and the latency histograms."""
+    nbytes: list[tuple[Any, ...]] = []
+    secs: list[tuple[Any, ...]] = []
+    for tier, c in _tier_counters(s).items():
+        nbytes += [(tier, "read", c["bytes_read"]), (tier, "write", c["bytes_written"])]
+        # Only where job times are reported: a constant 0 would read as "infinitely fast".
+        timed = s.primary if tier == "primary" else s.tiers[tier]
+        if timed is not None and timed.read_seconds is not None:
+            secs.append((tier, "read", c["read_seconds"]))
+        if timed is not None and timed.write_seconds is not None:
+            secs.append((tier, "write", c["write_seconds"]))
+    hist = BY_NAME["kvtier_operation_duration_seconds"]
+    return {
+        "kvtier_bytes_total": made.family(BY_NAME["kvtier_bytes_total"], nbytes),
+        "kvtier_transfer_seconds_total": made.family(BY_NAME["kvtier_transfer_seconds_total"], secs),
+        hist.name: made.family(hist, list(_histograms(s.latency))),
+    }
 
 
 class _Families:
