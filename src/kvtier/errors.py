@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: The extra of ``pyproject.toml`` that installs each optional top-level module kvtier imports
-#: (``tests/unit/test_packaging.py`` checks each against the extras).
+#: (``tests/integration/test_packaging.py`` checks each against the extras).
 EXTRA_OF_MODULE = {
     "redis": "redis",
     "boto3": "s3",
