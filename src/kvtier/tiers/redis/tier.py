@@ -50,7 +50,7 @@ from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.redis.wire import BulkReader, conn_error_parser, conn_socket, send_vectored
+from kvtier.tiers.redis.wire import BulkReader, conn_error_parser, conn_socket, live_socket, send_vectored
 from kvtier.tiers.remote.base import RemoteTier, positive_number
 from kvtier.tiers.remote.errors import (
     ErrorMap,
@@ -231,10 +231,9 @@ class RedisTier(RemoteTier):
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         def send(conn: Any) -> None:
-            if conn_socket(conn) is None:
-                conn.connect()
+            sock = live_socket(conn)
             for pieces in self._set_commands(items):
-                send_vectored(conn_socket(conn), pieces)
+                send_vectored(sock, pieces)
 
         replies = self._exchange(client, route, send, len(items))
         done = [key for (key, _), r in zip(items, replies, strict=True) if not isinstance(r, Exception)]
@@ -274,7 +273,7 @@ class RedisTier(RemoteTier):
         slot = -1
         try:
             conn.send_packed_command([packed], check_health=False)
-            reader = BulkReader(conn_socket(conn), conn_error_parser(conn))
+            reader = BulkReader(live_socket(conn), conn_error_parser(conn))
             for key, slot in items:
                 reply = reader.value(functools.partial(self._receive_sized, key, slot))
                 if reply is None:
