@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_replay import libcachesim_lru_run, oracle_file
+from bench_replay import libcachesim_run, oracle_file
 from kvtier.config import load_config
 from kvtier.keys import KeyNamespace
 from kvtier.plan.curve import lru_curve
@@ -67,7 +67,7 @@ def main() -> None:
     with oracle_file(trace.flat) as oracle:
         for c in caps:
             hp = max(1, (c - 1).bit_length() + 1)
-            best, ratio = min(libcachesim_lru_run(oracle, c, hp) for _ in range(args.repeats))
+            best, ratio = min(libcachesim_run(oracle, c, hp) for _ in range(args.repeats))
             lcs_s += best
             lcs_hits.append(round(ratio * trace.block_refs))
     curve_hits = [curve.hits(c) for c in caps]

@@ -11,6 +11,7 @@ gauge only some tiers report (``used_bytes``, ``gate_state``...) or a direction 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,11 +19,22 @@ from typing import Any, TypeVar
 __all__ = ["EngineStats", "PrimaryStats", "TierReport"]
 
 _D = TypeVar("_D")
+_ROOT_STAT = re.compile(r"root(\d+)_(\w+)")
 
 
 def _num(value: Any) -> float:
     """A number from a stats entry; anything else (missing, text, a mapping) reads as 0."""
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _roots(raw: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{root index: {stat: value}}`` from a tier's ``root<N>_<stat>`` entries."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in raw.items():
+        m = _ROOT_STAT.fullmatch(str(key))
+        if m is not None:
+            out.setdefault(m.group(1), {})[m.group(2)] = _num(value)
+    return out
 
 
 def _read(cls: type[_D], raw: Any) -> _D:
@@ -82,6 +94,9 @@ class TierReport:
     #: The store back-pressure gate of an I/O tier: 0 open, 1 throttled, 2 dropping.
     gate_state: float | None = None
     gate_throttled: float | None = None
+    #: A tier over several disks (fs ``root_dirs``): ``{root index: {stat: value}}`` from its
+    #: ``root<N>_<stat>`` entries (``used_bytes``, ``max_bytes``, ``fenced``, ``errors``, ``timeouts``).
+    roots: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +136,7 @@ class EngineStats:
             top,
             primary=_read(PrimaryStats, primary) if isinstance(primary, Mapping) else None,
             tiers={
-                str(name): _read(TierReport, t)
+                str(name): dataclasses.replace(_read(TierReport, t), roots=_roots(t))
                 for name, t in (tiers.items() if isinstance(tiers, Mapping) else ())
                 if isinstance(t, Mapping)
             },

@@ -20,13 +20,18 @@ need_module("matplotlib", "cli")
 DOC = Path(__file__).parents[2] / "docs" / "plan.md"
 
 
+def _text() -> str:
+    """The page up to its fleet section (test_cli_plan_fleet_docs.py runs that one)."""
+    return DOC.read_text().split("## Planning a fleet")[0]
+
+
 def _commands() -> list[str]:
-    blocks = re.findall(r"```console\n(.*?)```", DOC.read_text(), flags=re.S)
+    blocks = re.findall(r"```console\n(.*?)```", _text(), flags=re.S)
     return [line[2:].strip() for b in blocks for line in b.splitlines() if line.startswith("$ kvtier ")]
 
 
 def _files() -> dict[str, str]:
-    return dict(re.findall(r"<!-- file: (\S+) -->\n```json\n(.*?)```", DOC.read_text(), flags=re.S))
+    return dict(re.findall(r"<!-- file: (\S+) -->\n```json\n(.*?)```", _text(), flags=re.S))
 
 
 def test_doc_defines_files_and_commands() -> None:

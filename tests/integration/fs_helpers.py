@@ -57,6 +57,16 @@ def make_tier(primary: PrimaryBuffer, root: str | Path, namespace: str = NAMESPA
     return FsTier(primary_kv_view=primary.view, context=ctx, root_dir=str(root), **options)
 
 
+def make_striped(
+    primary: PrimaryBuffer, roots: Sequence[str | Path], namespace: str = NAMESPACE, **options: Any
+) -> Any:
+    """A striped fs tier (``root_dirs``) over ``roots``, with :func:`make_tier`'s test defaults."""
+    options.setdefault("precreate_dirs", False)
+    options.setdefault("small_block_bytes", 0)
+    ctx = TierContext(name="fs", block_bytes=primary.block_bytes, namespace=namespace)
+    return FsTier(primary_kv_view=primary.view, context=ctx, root_dirs=[str(r) for r in roots], **options)
+
+
 def store(tier: FsTier, primary: PrimaryBuffer, keys: Sequence[BlockKey], timeout: float = 60) -> JobResult:
     """Fill slots 0..n-1 with each key's payload and store them as one job."""
     for slot, k in enumerate(keys):
@@ -97,7 +107,8 @@ def block_files(ns_dir: str | Path) -> dict[str, int]:
 def _writer(args: dict[str, Any]) -> None:
     """Store batches of keys forever (crash test) or a fixed list (capacity test)."""
     primary = aligned_primary(args["batch"], args["block_bytes"])
-    tier = make_tier(
+    build = make_striped if isinstance(args["root"], list) else make_tier
+    tier = build(
         primary, args["root"], max_bytes=args.get("max_bytes"), threads=args.get("threads", 2),
         **args.get("options", {}),
     )  # fmt: skip
@@ -123,6 +134,23 @@ def _writer(args: dict[str, Any]) -> None:
     Path(args["out"]).write_text(json.dumps(out))
 
 
+def _reader(args: dict[str, Any]) -> None:
+    """Open a striped tier over ``roots`` and load every key of ``names``; print which came back
+    with their stored payload (the second process of the striping test)."""
+    primary = aligned_primary(len(args["names"]), args["block_bytes"])
+    tier = make_striped(primary, args["roots"])
+    tier.wait_scan(30)
+    keys = [key_of(n) for n in args["names"]]
+    hits = [str(r) for r in tier.lookup_many(keys)]
+    res = load(tier, primary, keys)
+    good = [
+        n for slot, (n, k) in enumerate(zip(args["names"], keys, strict=True))
+        if k in res.transferred(keys) and (primary.block(slot) == payload_of(k, primary.block_bytes)).all()
+    ]  # fmt: skip
+    tier.shutdown()
+    Path(args["out"]).write_text(json.dumps({"hits": hits, "good": good}))
+
+
 def spawn_args(mode: str, args: dict[str, Any]) -> list[str]:
     return [sys.executable, __file__, mode, json.dumps(args)]
 
@@ -131,6 +159,8 @@ if __name__ == "__main__":
     _mode, _args = sys.argv[1], json.loads(sys.argv[2])
     if _mode == "writer":
         _writer(_args)
+    elif _mode == "reader":
+        _reader(_args)
     else:
         raise SystemExit(f"unknown mode {_mode}")
     time.sleep(0)

@@ -22,8 +22,10 @@ def test_python_examples_run() -> None:
         exec(compile(code, str(DOC), "exec"), {})
 
 
-def test_json_config_example_loads() -> None:
-    (cfg,) = _blocks("json")
-    parsed = load_config(json.loads(cfg))
+def test_json_config_examples_load() -> None:
+    one, striped = _blocks("json")
+    parsed = load_config(json.loads(one))
     assert parsed.secondary_tiers[0].type == "fs"
     assert parsed.secondary_tiers[0].options["max_bytes"] == "200GiB"
+    tier = load_config(json.loads(striped)).secondary_tiers[0]
+    assert tier.type == "fs" and len(tier.options["root_dirs"]) == 3

@@ -75,3 +75,32 @@ def test_missing_root_dir_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         Engine(cfg)
     assert "root_dir" in str(exc.value)
+
+
+def test_a_striped_fs_tier_behind_the_engine_stores_promotes_and_restarts(tmp_path: Path) -> None:
+    from kvtier.tiers.fs.striped import StripedFsTier
+
+    keys = [BlockKey(f"s{i}".encode()) for i in range(12)]
+    data = np.random.default_rng(4).integers(0, 256, (12, BLOCK), dtype=np.uint8)
+    out = np.zeros_like(data)
+    cfg = _config(tmp_path)
+    cfg["cpu_bytes_to_use"] = 24 * BLOCK
+    del cfg["secondary_tiers"][0]["root_dir"]
+    cfg["secondary_tiers"][0].update(
+        root_dirs=[str(tmp_path / "d0"), str(tmp_path / "d1")], max_bytes="10MiB"
+    )
+    for run in range(2):  # the second engine is a restart: every block found on its root
+        with Engine(cfg) as eng:
+            tier = eng.tiers[0]
+            assert isinstance(tier, StripedFsTier) and tier.wait_scan(30)
+            assert len(tier.indexed_keys()) == (12 if run else 0)
+            if not run:
+                assert eng.store_blocks(keys, data) == 12
+                eng.drain()
+                eng.reset()
+            _promote(eng, keys)
+            assert eng.load_blocks(keys, out) == 12
+            assert np.array_equal(out, data)
+            stats = eng.stats()["tiers"]["fs0"]
+            assert stats["roots"] == 2 and stats["root0_index_blocks"] + stats["root1_index_blocks"] == 12
+        out[:] = 0

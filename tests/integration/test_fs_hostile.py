@@ -324,3 +324,40 @@ def test_a_cached_leaf_shard_renamed_away_and_replaced_by_a_link_receives_nothin
     assert h.load(tier, primary, [first]).transferred([first]) == []  # read through the link: never
     _within(20, tier.shutdown)
     assert _snapshot(outside) == before
+
+
+def test_shared_root_blocks_tagged_by_earlier_versions_still_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks are tagged with keyed BLAKE3 now; those an earlier version (or a host without the
+    ``shared`` extra) tagged with keyed BLAKE2b still verify, with the same secret only."""
+    from kvtier.tiers.fs import trust
+
+    monkeypatch.setenv("KVTIER_FS_SECRET", "the-right-secret-0123")
+    mac = trust.load_secret("root_dir", "KVTIER_FS_SECRET", None)
+    assert mac.tag(b"h", b"p") != mac.legacy_tag(b"h", b"p")  # two algorithms, two keys
+    assert mac.check(b"h", b"p", mac.legacy_tag(b"h", b"p")) and not mac.check(
+        b"h", b"q", mac.tag(b"h", b"p")
+    )
+    root = tmp_path / "root"
+    primary = h.aligned_primary(4, BLOCK)
+    with monkeypatch.context() as m:
+        m.setattr(trust, "blake3", None)  # written as by a host without BLAKE3 (keyed BLAKE2b)
+        tier = h.make_tier(primary, root, shared_root=True)
+        old = [h.key_of("old-0"), h.key_of("old-1")]
+        assert h.store(tier, primary, old).success
+        tier.shutdown()
+    tier = h.make_tier(primary, root, shared_root=True)
+    try:
+        assert tier.wait_scan(30)
+        assert h.load(tier, primary, old).success
+        assert primary.block(1).tobytes() == h.payload_of(old[1], BLOCK).tobytes()
+    finally:
+        tier.shutdown()
+    monkeypatch.setenv("KVTIER_FS_SECRET", "another-secret-45678")
+    tier = h.make_tier(primary, root, shared_root=True)
+    try:
+        assert tier.wait_scan(30)
+        assert h.load(tier, primary, old).transferred(old) == []
+    finally:
+        tier.shutdown()

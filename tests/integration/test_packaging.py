@@ -26,6 +26,7 @@ IMPORT_NAME = {
     "rich": "rich", "pyyaml": "yaml", "matplotlib": "matplotlib", "prometheus_client": "prometheus_client",
     "redis": "redis", "boto3": "boto3", "torch": "torch", "transformers": "transformers",
     "msgspec": "msgspec", "packaging": "packaging", "mooncake_transfer_engine_non_cuda": "mooncake",
+    "blake3": "blake3",
 }  # fmt: skip
 #: Extras whose code other engineers are adding now (remove an entry once its code is merged).
 PENDING: set[str] = set()  # extras whose code is still on its way (none now)

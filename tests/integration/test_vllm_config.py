@@ -131,8 +131,13 @@ def test_kvtier_tier_options_are_validated_strictly(tmp_path: Path) -> None:
     # Inside vLLM an unknown option is only logged (it may come from a newer vLLM); check refuses it.
     with pytest.raises(ConfigError, match=r"max_bytse: .*did you mean 'max_bytes'"):
         check_config(_kv_transfer([_kvtier(tmp_path, max_bytse="1GiB")]))
-    with pytest.raises(ConfigError, match="enable_kv_events"):
-        check_config(_kv_transfer([_kvtier(tmp_path, enable_kv_events=True)]))
+    # enable_kv_events is vLLM's own tier key and means the same on a KvtierTier entry: accepted,
+    # and never passed to the kvtier tier (whose strict option check would refuse it).
+    for value in (True, False):
+        report = check_config(_kv_transfer([_kvtier(tmp_path, enable_kv_events=value)]))
+        assert report["tiers"][0]["ok"], report
+    with pytest.raises(ConfigError, match=r"enable_kv_events: expected true or false"):
+        check_config(_kv_transfer([_kvtier(tmp_path, enable_kv_events="yes")]))
 
 
 def test_vllm_fs_keys_in_kvtier_own_config(tmp_path: Path) -> None:
@@ -242,17 +247,23 @@ def test_inline_secrets_reports_fixed_names_never_values(password: str, key: str
     assert any(k == key for k, _ in found) == (bool(value) and key != "bucket")
 
 
-def test_p2p_serve_in_a_kvtier_entry_is_refused_naming_the_key() -> None:
+def test_p2p_serve_in_a_kvtier_entry_is_kept_but_not_with_a_directory() -> None:
     entry = {
         "type": ADAPTER_CLASS,
         "module_path": ADAPTER_MODULE,
         "tier": "p2p",
-        "peers": ["h:1"],
-        "serve": {},
+        "peers": ["127.0.0.1:1"],
+        "serve": {"port": 0},
     }
+    opts, kv_entry = split_adapter_entry(entry, "KvtierTier.")
+    assert opts.tier == "p2p" and kv_entry == {"type": "p2p", "peers": ["127.0.0.1:1"], "serve": {"port": 0}}
     with pytest.raises(ConfigError) as err:
-        split_adapter_entry(entry, "KvtierTier.")
-    assert err.value.key_path == "KvtierTier.serve"
-    assert "remove serve" in str(err.value)
-    opts, kv_entry = split_adapter_entry({k: v for k, v in entry.items() if k != "serve"}, "KvtierTier.")
-    assert opts.tier == "p2p" and kv_entry == {"type": "p2p", "peers": ["h:1"]}
+        split_adapter_entry({**entry, "directory": "redis://127.0.0.1:1/0"}, "KvtierTier.")
+    assert err.value.key_path == "KvtierTier.directory"
+    assert "list the serving instances in peers" in str(err.value)
+    # A directory without serve (a client finding other holders) stays allowed.
+    _opts, kv_entry = split_adapter_entry(
+        {k: v for k, v in entry.items() if k != "serve"} | {"directory": "redis://127.0.0.1:1/0"},
+        "KvtierTier.",
+    )
+    assert kv_entry["directory"] == "redis://127.0.0.1:1/0"

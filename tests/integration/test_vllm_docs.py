@@ -9,7 +9,8 @@ Changed from the doc, and only this: where each tier's data lives. ``root_dir`` 
 directory per entry and ``max_bytes`` 64 MiB (kvtier refuses more than the file system holds);
 ``cpu_bytes_to_use`` is 16 chunks instead of gigabytes of /dev/shm; server addresses point at the
 test's real servers on 127.0.0.1 (redis-server with a password, a 3-master Redis Cluster, Ceph RGW,
-a Mooncake master + holder, kvtier's block server for p2p); ``key_prefix`` / ``prefix`` / ``bucket``
+a Mooncake master + holder, kvtier's block server for p2p; a p2p entry's own ``serve`` binds
+127.0.0.1 on a free port); ``key_prefix`` / ``prefix`` / ``bucket``
 are the test's own (the bucket is created if missing); the environment variables an entry names
 (``password_env``, ``access_key_env``, ``secret_key_env``, ``secret_env``) hold the test servers'
 credentials. vLLM's ``OffloadingConfig`` is built by the test (vLLM derives it from a model and a
@@ -112,6 +113,8 @@ def _localised(
         elif kind == "p2p":
             assert peer is not None
             tier["peers"] = [peer.address]
+            if "serve" in tier:  # this instance's own server: loopback, any free port
+                tier["serve"] = {**tier["serve"], "host": "127.0.0.1", "port": 0}
             monkeypatch.setenv(tier["secret_env"], _P2P_SECRET)
     return raw
 

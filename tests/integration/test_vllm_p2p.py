@@ -5,8 +5,8 @@ vLLM's own factory creates the tier from ``module_path`` and vLLM's own manager 
 ``BlockServer`` on 127.0.0.1 (in this process), with the shared secret and the handshake's block
 size / namespace checks. One thing is arranged by the test: the server presents the namespace of
 the vLLM side (a kvtier engine's own namespace comes from its config, a vLLM instance's from
-vLLM's layout, so no shipped kvtier process presents a vLLM namespace today). Inside vLLM the
-p2p tier is a client only: serving vLLM's primary tier to peers is refused (``serve``), so its
+vLLM's layout, so no shipped kvtier process presents a vLLM namespace today). Here the vLLM
+side is a client; serving vLLM's primary tier to peers is tested in ``test_vllm_p2p_serve.py``. Its
 stores move nothing and are never claimed as held.
 """
 
@@ -106,8 +106,10 @@ def test_peer_gone_is_misses_and_failed_jobs_without_a_hang(peer: Peer) -> None:
         assert time.monotonic() - t0 < 20
 
 
-def test_serving_inside_vllm_is_refused_naming_the_key(peer: Peer) -> None:
-    entry = _entry(peer, serve={"port": 0})
+def test_serving_with_a_directory_inside_vllm_is_refused_naming_the_key(peer: Peer) -> None:
+    # Serving is allowed (test_vllm_p2p_serve.py); a directory would go stale: vLLM's primary tier
+    # never reports its evictions.
+    entry = _entry(peer, serve={"port": 0}, directory="redis://127.0.0.1:1/0")
     raw = {
         "kv_connector": "OffloadingConnector",
         "kv_connector_extra_config": {
@@ -116,7 +118,7 @@ def test_serving_inside_vllm_is_refused_naming_the_key(peer: Peer) -> None:
             "secondary_tiers": [entry],
         },
     }
-    with pytest.raises(ConfigError, match=r"secondary_tiers\[0\]\.serve.*remove"):
+    with pytest.raises(ConfigError, match=r"secondary_tiers\[0\]\.directory.*peers"):
         check_config(raw)
-    with pytest.raises(ConfigError, match=r"KvtierTier\.serve"), vllm_stack(tiers=[entry]):
+    with pytest.raises(ConfigError, match=r"KvtierTier\.directory"), vllm_stack(tiers=[entry]):
         pass

@@ -75,14 +75,16 @@ def offloading_config(
     row_bytes: int = ROW_BYTES,
     tp_size: int = 1,
     engine_id: str | None = None,
+    kv_events: bool = False,
 ) -> Any:
-    """vLLM's ``OffloadingConfig`` for a one-group model whose chunk is ``row_bytes`` bytes."""
+    """vLLM's ``OffloadingConfig`` for a one-group model whose chunk is ``row_bytes`` bytes
+    (``kv_events``: vLLM publishes KV cache events, as with ``--kv-events-config``)."""
     from vllm.v1.kv_offload import config as c
 
     return c.OffloadingConfig(
         groups=(c.OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=("l0",), group_id=0),),
         worker_kv_bytes_per_block=row_bytes // tp_size,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config=dict(extra),
         engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
         model=c.OffloadingModelConfig(name=model, dtype=dtype),

@@ -5,7 +5,9 @@ to the primary buffer on a worker thread. Options let a test make it slow (``del
 job, to hold copies in flight across a drain) or faulty in the ways a buggy or failing backend is:
 ``raise_on_submit`` (submit_* raises), ``duplicate_reports`` (every result is reported twice),
 ``fail_stores`` (every store job fails), ``lose_keys`` (each load loses its last key, which is then gone:
-a partial success). The adapter must turn all of these into vLLM's contract: no exception, one report per job.
+a partial success), ``drop_first_stored`` (a store job's first block is evicted again before the job
+is reported). Blocks it stops holding are noted in the contract's removal log. The adapter must
+turn all of these into vLLM's contract: no exception, one report per job.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ProbeTier(SecondaryTier):
         duplicate_reports: bool = False,
         fail_stores: bool = False,
         lose_keys: bool = False,
+        drop_first_stored: bool = False,
     ) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context)
         self.delay = float(delay)
@@ -41,6 +44,7 @@ class ProbeTier(SecondaryTier):
         self.duplicate_reports = duplicate_reports
         self.fail_stores = fail_stores
         self.lose_keys = lose_keys
+        self.drop_first_stored = drop_first_stored
         self.blocks: dict[BlockKey, bytes] = {}
         self.store_calls = 0
         self.copies_running = 0
@@ -67,7 +71,8 @@ class ProbeTier(SecondaryTier):
                 if load:
                     if self.lose_keys and i == len(job.keys) - 1:
                         with self._lock:  # the backend found the block gone: a later lookup misses
-                            self.blocks.pop(key, None)
+                            if self.blocks.pop(key, None) is not None:
+                                self.removals.note((key,))
                         continue
                     with self._lock:
                         data = self.blocks.get(key)
@@ -80,6 +85,10 @@ class ProbeTier(SecondaryTier):
                 else:
                     continue
                 done.append(key)
+            if not load and self.drop_first_stored and done:
+                with self._lock:  # evicted again by the next store, before this job is reported
+                    if self.blocks.pop(done[0], None) is not None:
+                        self.removals.note(done[:1])
             ok = len(done) == len(job.keys)
             result = JobResult(
                 job.job_id,

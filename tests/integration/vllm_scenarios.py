@@ -140,23 +140,25 @@ def scenario_server_gone(
 
 
 def run_sharing_processes(
-    tiers: Sequence[Mapping[str, Any]],
+    tiers: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     sync_dir: Path,
     *,
     env: Mapping[str, str] | None = None,
     n: int = 5,
     timeout: float = 280.0,
-) -> None:
+) -> list[dict[str, Any]]:
     """Two processes, each its own vLLM stack on ``tiers``, hit each other's blocks byte for byte.
 
     Both are alive at once, as two vLLM instances would be (``vllm_share_proc.py``; ``sync_dir``
-    holds their rendezvous files).
+    holds their rendezvous files). ``tiers`` may map each process (``"a"``, ``"b"``) to its own
+    list. Returns each process's report (``exact``; ``blocks_sent`` by its p2p block server).
     """
     path = os.pathsep.join([str(Path(__file__).parent), *sys.path])
     child_env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    per = tiers if isinstance(tiers, Mapping) else {"a": tiers, "b": tiers}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(_CHILD), json.dumps(list(tiers)), str(sync_dir), me, other, str(n)],
+            [sys.executable, str(_CHILD), json.dumps(list(per[me])), str(sync_dir), me, other, str(n)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -174,3 +176,4 @@ def run_sharing_processes(
         results.append(json.loads(out.strip().splitlines()[-1]))
     for result in results:
         assert result["exact"] == [True] * n, "a process missed or misread the other's blocks"
+    return results

@@ -5,7 +5,9 @@
 ``secondary_tiers`` list TIERS_JSON, stores its N blocks, writes ``SYNC_DIR/ME.stored``, waits for
 the other's, loads the other's N blocks through vLLM's manager until they hit (another instance's
 writes reach a tier's index within its refresh or negative-lookup interval), stays alive until the
-other has loaded too, and prints ``{"exact": [bool per block]}``.
+other has loaded too, and prints ``{"exact": [bool per block], "blocks_sent": n}`` (blocks its p2p
+block server sent, ``null`` without one). While it waits it takes no step: a serving tier answers
+the other from vLLM's tier-poll thread, as in an idle engine.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def main() -> None:
         exact = [v is not None and bool(np.array_equal(v, payload(k, v.size))) for k, v in out.items()]
         (sync / f"{me}.done").write_text("1")
         _wait_for(sync / f"{other}.done", deadline)  # stay up while the other loads, like two servers
-    print(json.dumps({"exact": exact}))
+        service = getattr(stack.tier, "block_service", None)
+        sent = None if service is None else service.server.stats["blocks_sent"]
+    print(json.dumps({"exact": exact, "blocks_sent": sent}))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ def full_stats() -> dict[str, Any]:
                 "evictions": 3, "corrupt": 1, "dropped_stores": 0, "failed_jobs": 2, "loads": 12,
                 "promotions": 12, "read_seconds": 0.5, "write_seconds": 1.5, "inflight_jobs": 3, "errors": 4,
                 "used_bytes": 48 * BLOCK, "max_bytes": 1000 * BLOCK, "gate_state": 1, "gate_throttled": 5,
+                "root0_used_bytes": 20 * BLOCK, "root1_used_bytes": 28 * BLOCK,
+                "root0_max_bytes": 500 * BLOCK, "root1_max_bytes": 500 * BLOCK,
+                "root0_fenced": 0, "root1_fenced": 1, "root0_errors": 0,
+                "root1_errors": 7, "root0_timeouts": 0, "root1_timeouts": 2,
             }
         },
         "latency": {
@@ -142,6 +146,9 @@ def test_per_tier_inflight_errors_promotions_and_fs_bytes() -> None:
     assert got[("kvtier_tier_used_bytes", fs0)] == 48 * BLOCK
     assert got[("kvtier_tier_max_bytes", fs0)] == 1000 * BLOCK
     assert got[("kvtier_store_gate_state", fs0)] == 1 and got[("kvtier_store_gate_throttled_total", fs0)] == 5
+    r0, r1 = (("root", "0"), *fs0), (("root", "1"), *fs0)  # labels sorted by name
+    assert got[("kvtier_root_fenced", r1)] == 1 and got[("kvtier_root_errors_total", r1)] == 7
+    assert got[("kvtier_root_used_bytes", r0)] == 20 * BLOCK and got[("kvtier_root_fenced", r0)] == 0
     assert got[("kvtier_tier_used_bytes", (("tier", "primary"),))] == 50 * BLOCK
     assert got[("kvtier_tier_max_bytes", (("tier", "primary"),))] == 64 * BLOCK
     assert got[("kvtier_engine_throttled_stores_total", ())] == 6
@@ -231,6 +238,8 @@ def _real_stats(tmp_path: Path) -> dict[str, Any]:
         "secondary_tiers": [
             {"type": "fs", "root_dir": str(tmp_path / "fs"), "max_bytes": "1MiB"},
             {"type": "example"},
+            # Two roots: the per-root families have samples too.
+            {"type": "fs", "root_dirs": [str(tmp_path / "r0"), str(tmp_path / "r1")], "max_bytes": "1MiB"},
         ],
     }  # fmt: skip
     with Engine(config) as e:
@@ -263,12 +272,16 @@ def test_every_family_is_fed_by_fields_a_real_engine_reports(tmp_path: Path) -> 
     for fam in FAMILIES:
         for path in fam.fields:
             leaf = path.split(".")[-1]
-            holders = [d for d in _holders(stats, path) if leaf in d]
+            # TierReport.roots gathers a tier's root<N>_<stat> entries.
+            keys = (lambda d: [k for k in d if re.fullmatch(r"root\d+_\w+", k)]) if leaf == "roots" else (
+                lambda d, leaf=leaf: [leaf] if leaf in d else []
+            )  # fmt: skip
+            holders = [d for d in _holders(stats, path) if keys(d)]
             assert holders, f"{fam.name} reads {path}, which the engine does not report"
             changed = copy.deepcopy(stats)
             for d in _holders(changed, path):
-                if leaf in d:
-                    d[leaf] = {} if leaf == "latency" else 12345
+                for k in keys(d):
+                    d[k] = {} if k == "latency" else 12345
             before = [x for x in exposition(stats)[0].splitlines() if x.startswith(fam.base)]
             after = [x for x in exposition(changed)[0].splitlines() if x.startswith(fam.base)]
             assert before != after, f"{fam.name} does not change with {path}"

@@ -64,6 +64,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--write-config", metavar="PATH", help="write the recommended stack's kvtier config (JSON)"
     )
     p.add_argument("--plot", metavar="PREFIX", help="write PREFIX-capacity.png and PREFIX-pareto.png")
+    fleet = p.add_argument_group("fleet planning (docs/plan.md, 'Planning a fleet')")
+    fleet.add_argument(
+        "--instances",
+        type=int,
+        metavar="N",
+        help="plan a fleet of N engine instances: compare routers, shared store, p2p",
+    )
+    fleet.add_argument(
+        "--ram-share",
+        default="5%",
+        metavar="PCT",
+        help="fleet RAM as a share of the unique blocks, split over the instances (5%%)",
+    )
+    fleet.add_argument(
+        "--shared-share",
+        default="25%",
+        metavar="PCT",
+        help="shared store size as a share of the unique blocks (25%%)",
+    )
+    fleet.add_argument(
+        "--imbalance",
+        type=float,
+        default=0.25,
+        help="prefix router's load bound: <= (1 + X) x the mean load (0.25)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress on stderr (default: when stderr is a terminal)")  # fmt: skip
@@ -153,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
+        if args.instances is not None:
+            return _run_fleet(args, requests, path, kv_bytes, menu, progress, notes)
         result = plan(
             requests,
             kv_bytes_per_token=kv_bytes,
@@ -172,19 +199,65 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     result.notes[:0] = notes
-    written = _outputs(args, result)
+    from kvtier.plan.render import render_plan
+
+    _print(args, result, _outputs(args, result), render_plan)
+    return 0 if result.recommendation is not None else 1
+
+
+def _print(args: argparse.Namespace, result: Any, written: list[str], render: Any) -> None:
+    """``--json``: the result's document with the files written; else the tables."""
     if args.json:
         doc = result.to_json()
         doc["files"] = written
         print(json.dumps(doc, indent=2, default=str))
     else:
         from kvtier.cli.main import print_table
-        from kvtier.plan.render import render_plan
 
-        render_plan(result, print_table)
+        render(result, print_table)
         for f in written:
             print(f"wrote {f}")
-    return 0 if result.recommendation is not None else 1
+
+
+def _run_fleet(
+    args: argparse.Namespace,
+    requests: Any,
+    path: Path,
+    kv_bytes: int,
+    menu: Any,
+    progress: Any,
+    notes: list[str],
+) -> int:
+    """``kvtier plan --instances N``: compare fleet designs (kvtier.plan.fleet) and recommend one."""
+    from kvtier.plan.fleet import plan_fleet, plot_fleet, render_fleet
+
+    if args.target_hit or args.budget:
+        raise ConfigError(
+            "--instances", "fleet planning recommends by net saving; drop --target-hit/--budget"
+        )
+    result = plan_fleet(
+        requests,
+        instances=args.instances,
+        kv_bytes_per_token=kv_bytes,
+        tokens_per_block=args.block_tokens,
+        menu=menu,
+        name=path.name,
+        policy=args.policy,
+        trace_seconds=args.trace_seconds,
+        ram_share=_fraction(args.ram_share, "--ram-share"),
+        shared_share=_fraction(args.shared_share, "--shared-share"),
+        imbalance=args.imbalance,
+        jobs=args.jobs,
+        progress=progress,
+    )
+    result.notes[:0] = notes
+    written: list[str] = []
+    if args.plot:
+        out = f"{args.plot}-fleet.png"
+        plot_fleet(result, out)
+        written.append(out)
+    _print(args, result, written, render_fleet)
+    return 0
 
 
 def _outputs(args: argparse.Namespace, result: Any) -> list[str]:

@@ -78,6 +78,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="real mode: finish each request's tier I/O before the next request (fs tiers on one "
         "I/O thread), so per-tier hits match --simulate exactly; no effect with --simulate/--sweep",
     )
+    fleet = p.add_argument_group("fleet simulation (with --simulate; docs/plan.md, 'Planning a fleet')")
+    fleet.add_argument(
+        "--instances",
+        type=types.positive_int,
+        metavar="N",
+        help="simulate N engine instances behind a router, each with the config's stack",
+    )
+    fleet.add_argument(
+        "--router",
+        default="prefix",
+        choices=["round_robin", "session", "prefix"],
+        help="request routing (default prefix: longest cached prefix, bounded load)",
+    )
+    fleet.add_argument(
+        "--shared-tiers",
+        metavar="NAMES",
+        help="secondary tiers shared by all instances (default: the redis/obj/mooncake ones)",
+    )
+    fleet.add_argument(
+        "--imbalance",
+        type=float,
+        default=0.25,
+        help="prefix router's load bound: <= (1 + X) x the mean load (0.25)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument(
         "--metrics-port",
@@ -228,6 +252,8 @@ def _run(args: argparse.Namespace) -> int:
             tpb = args.tokens_per_block
             trace = prepare_trace(requests, ns, name=trace_path.name, tokens_per_block=tpb)
         if sweep_mode:
+            if args.instances is not None:
+                raise ConfigError("--instances", "not with --sweep/--plot; use kvtier plan --instances N")
             return _run_sweep(args, trace, config, policies, show_progress)
         from kvtier.sim.sweep import capacity_config, parse_capacity
 
@@ -236,6 +262,8 @@ def _run(args: argparse.Namespace) -> int:
             config = capacity_config(config, cap.blocks)
         if policies:
             config = dataclasses.replace(config, eviction_policy=policies[0], cache_policy_module_path=None)
+        if args.instances is not None:
+            return _run_fleet(args, trace, config, requests)
         label = "replay (simulate)" if args.simulate else "replay"
         bar = _Progress(show_progress, trace.requests, label, force=args.progress is True)
         try:
@@ -300,6 +328,26 @@ def _run_sweep(args: argparse.Namespace, trace: Any, config: Any, policies: list
         print(json.dumps(result.to_json(), indent=2, default=str))
     else:
         emit([*sweep_tables(result.rows()), *([f"plot written to {args.plot}"] if args.plot else [])])
+    return 0
+
+
+def _run_fleet(args: argparse.Namespace, trace: Any, config: Any, requests: Any) -> int:
+    from kvtier.cli.output import emit
+    from kvtier.sim.fleet import FleetSpec, fleet_tables, simulate_fleet
+
+    if not args.simulate:
+        raise ConfigError("--instances", "fleet simulation needs --simulate")
+    if args.metrics_port is not None:
+        raise ConfigError("--metrics-port", "not with --instances (one exporter per engine is not served)")
+    shared = None
+    if args.shared_tiers is not None:
+        shared = tuple(s.strip() for s in args.shared_tiers.split(",") if s.strip())
+    spec = FleetSpec(instances=args.instances, router=args.router, shared=shared, imbalance=args.imbalance)
+    report = simulate_fleet(trace, config, spec, requests=requests)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        emit(fleet_tables(report))
     return 0
 
 

@@ -137,8 +137,9 @@ _VLLM_TOP_KEYS: dict[str, tuple[str, str]] = {
 }
 _VLLM_TIER_KEYS: dict[str, tuple[str, str]] = {
     "enable_kv_events": (
-        "publish BlockStored KV events for blocks the tier stores",
-        "remove it: kvtier tiers publish no KV events",
+        "publish KV events for the blocks the tier stores and drops",
+        "remove it from kvtier's own config; inside vLLM put it on the KvtierTier entry (vLLM "
+        "publishes them with --kv-events-config)",
     ),
     "locality": (
         "LOCAL or REMOTE: picks back-pressure watermarks and per-request tier filters",
@@ -308,13 +309,14 @@ def split_adapter_entry(entry: Mapping[str, Any], path: str) -> tuple[AdapterOpt
     options = {k: v for k, v in entry.items() if k not in _ADAPTER_KEYS and k not in _FACTORY_KEYS}
     if tier == "fs" and opts.tier_module_path is None:
         options = fs_threads(options, path)
-    if tier == "p2p" and opts.tier_module_path is None and "serve" in options:
-        # kvtier's block server serves a kvtier engine's primary tier; vLLM's primary tier is
-        # vLLM's (its slots are evicted and reused without telling a secondary tier).
+    if tier == "p2p" and opts.tier_module_path is None and "serve" in options and options.get("directory"):
+        # The block server serves vLLM's primary tier through serve_external_requests, but vLLM's
+        # primary tier never tells a secondary tier what it evicts, so a directory entry would name
+        # this instance for blocks it dropped long ago.
         raise ConfigError(
-            f"{path}serve",
-            "inside vLLM the p2p tier cannot serve vLLM's primary tier to peers; remove serve "
-            "(this instance then loads blocks from its peers / directory only)",
+            f"{path}directory",
+            "inside vLLM a serving p2p tier cannot keep the directory current (vLLM's primary tier "
+            "does not report its evictions); list the serving instances in peers instead",
         )
     kv_entry: dict[str, Any] = {"type": tier, **options}
     if opts.tier_module_path is not None:
@@ -413,10 +415,7 @@ def kvtier_mapping(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
                 f"{path}backpressure",
                 'vLLM needs an object with "backpressure_cls" (e.g. "EMABackpressureDetector")',
             )
-        opts, kv_entry = split_adapter_entry(entry, path)
-        if opts.enable_kv_events:
-            meaning, instead = _VLLM_TIER_KEYS["enable_kv_events"]
-            raise ConfigError(f"{path}enable_kv_events", f"vLLM's fs tier would {meaning}; {instead}")
+        _opts, kv_entry = split_adapter_entry(entry, path)
         tiers.append(kv_entry)
         indices.append(i)
     return {"cpu_bytes_to_use": extra["cpu_bytes_to_use"], "secondary_tiers": tiers}, indices

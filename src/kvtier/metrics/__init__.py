@@ -36,6 +36,12 @@ name                                         type       labels / meaning
                                                        (primary: ``submit_*_kv`` copies)
 ``kvtier_tier_used_bytes``                  gauge      ``tier``: bytes held (primary: resident slots)
 ``kvtier_tier_max_bytes``                   gauge      ``tier``: capacity in bytes
+``kvtier_root_used_bytes``                  gauge      ``tier``, ``root``: bytes on each disk of a
+                                                       tier over several roots (fs ``root_dirs``)
+``kvtier_root_max_bytes``                   gauge      ``tier``, ``root``: each root's limit
+``kvtier_root_fenced``                      gauge      ``tier``, ``root``: 1 while fenced (failed)
+``kvtier_root_errors_total``                counter    ``tier``, ``root``: failed jobs counted
+``kvtier_root_timeouts_total``              counter    ``tier``, ``root``: jobs past their deadline
 ``kvtier_primary_resident_blocks``          gauge      blocks held in the primary tier
 ``kvtier_primary_slots``                    gauge      primary tier capacity in blocks
 ``kvtier_engine_inflight_jobs``             gauge      all tier jobs in flight (admission budget)

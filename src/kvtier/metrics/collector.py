@@ -8,7 +8,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from kvtier.errors import KvtierError
-from kvtier.metrics.families import BY_NAME, FAMILIES, SCALAR_FAMILIES, SECONDARY_FAMILIES, Family
+from kvtier.metrics.families import (
+    BY_NAME,
+    FAMILIES,
+    ROOT_FAMILIES,
+    SCALAR_FAMILIES,
+    SECONDARY_FAMILIES,
+    Family,
+)  # fmt: skip
 from kvtier.stats import EngineStats, PrimaryStats, TierReport
 
 __all__ = [
@@ -179,6 +186,14 @@ class EngineCollector:
         }
         for name, values in gauges.items():
             out[name] = made.per_tier(BY_NAME[name], values)
+        for fam, stat in ROOT_FAMILIES:
+            samples = [
+                (tier, root, values[stat])
+                for tier, t in s.tiers.items()
+                for root, values in t.roots.items()
+                if stat in values
+            ]
+            out[fam.name] = made.family(fam, samples)
         return out
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BY_NAME", "FAMILIES", "METRICS", "SCALAR_FAMILIES", "SECONDARY_FAMILIES", "Family"]
+__all__ = [
+    "BY_NAME", "FAMILIES", "METRICS", "ROOT_FAMILIES", "SCALAR_FAMILIES", "SECONDARY_FAMILIES", "Family",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,42 @@ FAMILIES: tuple[Family, ...] = (
         "Capacity of each tier in bytes",
         ("primary.num_slots", "primary.row_stride", "tiers.*.max_bytes"),
     ),
+    # Tiers over several disks report ``root<N>_<stat>`` (the fs tier's root_dirs): TierReport.roots.
+    Family(
+        "kvtier_root_used_bytes",
+        "gauge",
+        ("tier", "root"),
+        "Bytes held on each root (disk) of a tier",
+        ("tiers.*.roots",),
+    ),
+    Family(
+        "kvtier_root_max_bytes",
+        "gauge",
+        ("tier", "root"),
+        "Capacity of each root of a tier in bytes",
+        ("tiers.*.roots",),
+    ),
+    Family(
+        "kvtier_root_fenced",
+        "gauge",
+        ("tier", "root"),
+        "1 while a root is fenced (failed: its blocks are misses)",
+        ("tiers.*.roots",),
+    ),
+    Family(
+        "kvtier_root_errors_total",
+        "counter",
+        ("tier", "root"),
+        "Failed jobs counted against each root",
+        ("tiers.*.roots",),
+    ),
+    Family(
+        "kvtier_root_timeouts_total",
+        "counter",
+        ("tier", "root"),
+        "Jobs past their deadline on each root (stalls)",
+        ("tiers.*.roots",),
+    ),
     Family(
         "kvtier_primary_resident_blocks",
         "gauge",
@@ -201,6 +239,14 @@ SECONDARY_FAMILIES = tuple(
     f for f in FAMILIES if f.labels == ("tier",) and len(f.fields) == 1 and f.fields[0].startswith("tiers.*.")
 )
 BY_NAME = {f.name: f for f in FAMILIES}
+#: The per-root families and the ``root<N>_<stat>`` stat each reads.
+ROOT_FAMILIES = (
+    (BY_NAME["kvtier_root_used_bytes"], "used_bytes"),
+    (BY_NAME["kvtier_root_max_bytes"], "max_bytes"),
+    (BY_NAME["kvtier_root_fenced"], "fenced"),
+    (BY_NAME["kvtier_root_errors_total"], "errors"),
+    (BY_NAME["kvtier_root_timeouts_total"], "timeouts"),
+)
 
 #: Every exported family: (name as exposed, type, labels besides const labels). Final names.
 METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple((f.name, f.kind, f.labels) for f in FAMILIES)

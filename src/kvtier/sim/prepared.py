@@ -34,6 +34,9 @@ class PreparedTrace:
         tokens_per_block: tokens per full block (512 in the Mooncake traces).
         ceiling: infinite-cache hit ratios and the unique block count, computed once by
             :func:`prepare_trace`.
+        dense: ``ids`` (int32, one per block reference, ``0..n-1`` per distinct key) and ``offsets``
+            (int64, request ``r`` is ``ids[offsets[r]:offsets[r+1]]``) for the fast simulate core
+            (:mod:`kvtier.sim.fastcore`); filled by :func:`prepare_trace` or on first use.
     """
 
     name: str
@@ -45,6 +48,7 @@ class PreparedTrace:
     flat: np.ndarray
     tokens_per_block: int
     ceiling: dict[str, float] = field(default_factory=dict)
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -66,6 +70,19 @@ class PreparedTrace:
         return sum(
             (len(k) - 1) * tpb + last for k, last in zip(self.keys, self.last_tokens, strict=True) if k
         )
+
+    def dense_ids(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(ids, offsets, distinct keys)``: each key as a dense int32 id, requests as offsets."""
+        if "ids" not in self.dense:
+            id_of: dict[BlockKey, int] = {}
+            ids = [id_of.setdefault(k, len(id_of)) for ks in self.keys for k in ks]
+            self.dense["ids"] = np.asarray(ids, dtype=np.int32)
+            self.dense["nuniq"] = np.asarray(len(id_of))
+        if "offsets" not in self.dense:
+            offs = np.zeros(len(self.keys) + 1, dtype=np.int64)
+            np.cumsum([len(k) for k in self.keys], out=offs[1:])
+            self.dense["offsets"] = offs
+        return self.dense["ids"], self.dense["offsets"], int(self.dense["nuniq"])
 
     def infinite(self) -> dict[str, float]:
         """Hit ratios of an unbounded cache (every re-reference hits): ``block`` and ``token``."""
@@ -101,7 +118,7 @@ def prepare_trace(
     parent and its position as depth (the same for every request sharing the prefix, since ids chain).
     """
     ids = flatten(requests)
-    uniq = np.unique(ids)
+    uniq, inverse = np.unique(ids, return_inverse=True)
     key_of = dict(zip(uniq.tolist(), namespace.trace_keys(uniq.tolist()), strict=True))
     info_of: dict[tuple[int, str | None], BlockInfo] = {}
     keys: list[list[BlockKey]] = []
@@ -133,4 +150,7 @@ def prepare_trace(
     prepared = PreparedTrace(name, keys, infos, last_tokens, timestamps, tenants, ids, tokens_per_block)
     prepared.ceiling.update(prepared.infinite())
     prepared.ceiling["unique_blocks"] = float(uniq.size)
+    # Keys are one per distinct id (trace_keys is injective), so the id's rank is a dense key id.
+    prepared.dense["ids"] = inverse.astype(np.int32).reshape(-1)
+    prepared.dense["nuniq"] = np.asarray(uniq.size)
     return prepared

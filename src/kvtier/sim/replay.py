@@ -59,6 +59,7 @@ def replay(
     metrics_port: int | None = None,
     sync: bool = False,
     on_listen: Callable[[str], None] | None = None,
+    fast: bool = True,
 ) -> ReplayReport:
     """Replay ``trace`` through a fresh engine built from ``config`` and report what happened.
 
@@ -104,6 +105,12 @@ def replay(
                 user_hook(eng, done, exporter)
 
         t0 = time.perf_counter()
+        if simulate and fast and fast_path_refusal(config, trace, hook, port) is None:
+            from kvtier.sim.replay_loops import run_fast
+
+            run_fast(trace, report, cm, config, int(engine.num_slots))
+            report.engine_seconds = report.elapsed_seconds = time.perf_counter() - t0
+            return report
         if simulate:
             run_simulate(engine, trace, report, cm, now, progress, inner, RequestContext)
         else:
@@ -153,6 +160,29 @@ def _new_report(trace: PreparedTrace, mode: str, config: KvtierConfig, capacity_
             "their timing and I/O are not simulated"
         )
     return report
+
+
+def fast_path_refusal(config: KvtierConfig, trace: PreparedTrace, hook: Any, port: int | None) -> str | None:
+    """Why a simulate replay must drive the engine rather than the fast core; ``None`` if it need not."""
+    import os
+
+    from kvtier.sim.fastcore import POLICIES
+
+    if os.environ.get("KVTIER_SIM_CORE", "").lower() == "engine":
+        return "KVTIER_SIM_CORE=engine"
+    if config.secondary_tiers:
+        return "secondary tiers"
+    if config.eviction_policy not in POLICIES or config.cache_policy_module_path is not None:
+        return f"policy {config.eviction_policy!r} has no fast path"
+    if config.policy_options:
+        return "policy options"
+    if config.spec_module_path is not None or config.spec_name != "tiering":
+        return "a custom spec"
+    if hook is not None or port is not None:
+        return "a hook or metrics port needs the live engine"
+    if any(t is not None for t in trace.tenants):
+        return "tenants"
+    return None
 
 
 def _fill_tiers(report: ReplayReport, stats: Any, types: dict[str, str]) -> None:

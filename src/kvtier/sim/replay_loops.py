@@ -23,7 +23,7 @@ from kvtier.sim.report import ReplayReport, percentiles
 if TYPE_CHECKING:
     from kvtier.sim.prepared import PreparedTrace
 
-__all__ = ["run_real", "run_simulate"]
+__all__ = ["lookup_step", "run_fast", "run_real", "run_simulate", "store_step"]
 
 #: ``progress(requests_done, requests_total)``.
 ProgressFn = Callable[[int, int], None]
@@ -161,6 +161,54 @@ def _tick(
             hook(engine, done)
 
 
+def lookup_step(
+    engine: Any,
+    tiers: list[Any],
+    names: list[str],
+    cost: _Cost,
+    report: ReplayReport,
+    keys: list[Any],
+    last: int,
+    ctx: Any,
+    tpb: int,
+) -> tuple[bytes, int, int]:
+    """The lookup half of one simulate request: tallies and cost; ``(codes, hits, prefix length)``."""
+    n = len(keys)
+    before = [t.stats.hits for t in tiers] if tiers else None
+    codes = _codes(engine.lookup(keys, ctx))
+    hits = _count_hits(report, codes, n, last, tpb)
+    plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
+    report.prefix_hits += plen
+    report.prefix_token_hits += prim_tok + pend_tok
+    if before is not None:
+        deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
+        cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
+    elif prim:
+        cost.add(prim, prim_tok, ())
+    return codes, hits, plen
+
+
+def store_step(
+    engine: Any,
+    tiers: list[Any],
+    keys: list[Any],
+    infos: list[Any],
+    codes: bytes,
+    hits: int,
+    plen: int,
+    ctx: Any,
+) -> None:
+    """The store half of one simulate request: finish promotions, store the misses, collect jobs."""
+    if tiers and 2 in codes:
+        # Finish the promotions before storing the misses, as real mode does (load first).
+        engine.poll()
+    if hits < len(keys):
+        mk, mi = _misses(keys, infos, codes, hits, plen)
+        engine.complete_store(engine.prepare_store(mk, ctx, mi))
+    if tiers:
+        engine.poll()
+
+
 def run_simulate(
     engine: Any,
     trace: PreparedTrace,
@@ -178,31 +226,10 @@ def run_simulate(
         return
     names = [t.name for t in tiers]
     cost = _Cost(cm, names)
-    lookup = engine.lookup
-    prepare_store = engine.prepare_store
-    complete_store = engine.complete_store
     total = trace.requests
     for i, keys, infos, last, ctx in _requests(trace, ctx_cls, now):
-        n = len(keys)
-        before = [t.stats.hits for t in tiers] if tiers else None
-        codes = _codes(lookup(keys, ctx))
-        hits = _count_hits(report, codes, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
-        report.prefix_hits += plen
-        report.prefix_token_hits += prim_tok + pend_tok
-        if before is not None:
-            deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
-            cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
-        elif prim:
-            cost.add(prim, prim_tok, ())
-        if tiers and 2 in codes:
-            # Finish the promotions before storing the misses, as real mode does (load first).
-            engine.poll()
-        if hits < n:
-            mk, mi = _misses(keys, infos, codes, hits, plen)
-            complete_store(prepare_store(mk, ctx, mi))
-        if tiers:
-            engine.poll()
+        codes, hits, plen = lookup_step(engine, tiers, names, cost, report, keys, last, ctx, tpb)
+        store_step(engine, tiers, keys, infos, codes, hits, plen, ctx)
         _tick(engine, i + 1, total, progress, hook)
     if tiers:
         engine.drain()
@@ -300,6 +327,49 @@ def _load_hits(
         report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
         report.verified_blocks += copied
     return hit_idx[copied:]
+
+
+def run_fast(
+    trace: PreparedTrace, report: ReplayReport, cm: CostModel, config: KvtierConfig, slots: int
+) -> None:
+    """:func:`_simulate_primary_only` on the fast core (:mod:`kvtier.sim.fastcore`): same tallies.
+
+    The per-request outcomes come back as arrays; hits, token hits, prefix hits and the cost model
+    are vectorised passes over them. The primary tier's counters are filled as the engine's would be.
+    """
+    from kvtier.sim.fastcore import simulate_ids
+    from kvtier.sim.report import TierReport
+
+    ids, offsets, nuniq = trace.dense_ids()
+    res = simulate_ids(config.eviction_policy, ids, offsets, nuniq, slots)
+    tpb = trace.tokens_per_block
+    n = np.diff(offsets)
+    short = tpb - np.asarray(trace.last_tokens, dtype=np.int64)
+    hits = res.hits.astype(np.int64)
+    plen = res.prefix.astype(np.int64)
+    report.block_hits += int(hits.sum())
+    report.token_hits += int((hits * tpb - np.where(res.last_hit, short, 0)).sum())
+    ptok = plen * tpb - np.where((plen == n) & (n > 0), short, 0)
+    report.prefix_hits += int(plen.sum())
+    report.prefix_token_hits += int(ptok.sum())
+    cost = _Cost(cm, [])
+    some = plen > 0
+    saved = cm.total_saving_seconds("primary", plen[some].tolist(), ptok[some].tolist())
+    cost.saved += saved
+    cost.by_tier["primary"] += saved
+    report.cost = cost.as_dict(report.tokens)
+    report.tiers = [
+        TierReport(
+            name="primary",
+            type=f"primary/{config.primary_backing}",
+            hits=report.block_hits,
+            hit_ratio=report.block_hits / max(report.block_refs, 1),
+            lookups=int(n.sum()),
+            evictions=res.evictions,
+            dropped_stores=res.dropped,
+        )
+    ]
+    report.notes.append(f"simulated on the fast core ({res.core}): the engine's decisions on dense ids")
 
 
 def run_real(

@@ -234,6 +234,29 @@ class TierContractTests:
         assert delta["bytes_written"] >= 3 * primary.block_bytes
         assert delta["bytes_read"] >= 2 * primary.block_bytes
 
+    def test_removals_name_every_stored_block_that_went_and_nothing_else(
+        self, tier: SecondaryTier, primary: PrimaryBuffer
+    ) -> None:
+        """With ``removals`` enabled, every block the tier stored and no longer holds was noted (an
+        eviction, a loss), and no key it never stored is. A bounded tier is driven past its capacity
+        (ten buffers' worth of blocks); an unbounded one must note nothing."""
+        if getattr(type(tier), "stores_nothing", False):
+            pytest.skip("the tier stores nothing of its own")
+        assert tier.removals.take() == [], "removals are off until a consumer enables them"
+        tier.removals.enable()
+        slots = list(range(self.num_slots))
+        primary.fill_random(slots, seed=30)
+        keys = [self.key(f"rm{i}") for i in range(10 * self.num_slots)]
+        stored: set[BlockKey] = set()
+        for i in range(0, len(keys), self.num_slots):
+            batch = keys[i : i + self.num_slots]
+            result = self.store(tier, batch, slots[: len(batch)])
+            stored.update(result.transferred(batch))
+        gone = {k for k in stored if self.settled_lookup(tier, k) is LookupResult.MISS}
+        noted = set(tier.removals.take())
+        assert noted <= set(keys), "a key never stored was noted removed"
+        assert gone <= noted, f"{len(gone - noted)} block(s) went without being noted"
+
     def test_awkward_keys_round_trip(self, tier: SecondaryTier, primary: PrimaryBuffer) -> None:
         """Keys are arbitrary bytes: separators, NULs, dots and long keys must not collide or escape."""
         keys = [

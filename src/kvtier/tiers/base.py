@@ -12,6 +12,7 @@ convenient way to slice it (multi-dimensional memoryviews cannot be indexed by r
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +31,7 @@ from kvtier.policies.base import CachePolicy
 __all__ = [
     "PolicyFactory",
     "PrimaryProfile",
+    "RemovalLog",
     "SecondaryTier",
     "SimulationProfile",
     "TierContext",
@@ -84,6 +86,61 @@ class TierStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class RemovalLog:
+    """Keys a tier stopped holding, kept for a consumer that announces them (vLLM's KV events).
+
+    Off until :meth:`enable` is called, and then :meth:`note` is one lock and an ``extend``; while
+    off, :meth:`note` returns at once, so a tier reports unconditionally at no cost. A tier notes a
+    key whenever one it held stops being loadable here: evicted by its policy or capacity, found
+    missing or corrupt, removed by another process sharing the medium. Noting a key that was never
+    announced is harmless (a consumer drops an unknown removal); missing one is not (a router would
+    keep sending requests for a block that is gone). Thread-safe: tiers note from their workers.
+
+    Args:
+        limit: most keys kept between two :meth:`take` calls; past it the oldest are dropped and
+            counted in :attr:`lost` (a consumer that stopped taking must not grow memory forever).
+    """
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        if limit < 1:
+            raise MisuseError(f"RemovalLog limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self.lost = 0
+        self._keys: list[BlockKey] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self._keys is not None
+
+    def enable(self) -> None:
+        """Start keeping noted keys (idempotent)."""
+        with self._lock:
+            if self._keys is None:
+                self._keys = []
+
+    def note(self, keys: Iterable[BlockKey]) -> None:
+        """``keys`` are no longer held (kept only while enabled)."""
+        if self._keys is None:
+            return
+        with self._lock:
+            if self._keys is None:
+                return
+            self._keys.extend(keys)
+            over = len(self._keys) - self.limit
+            if over > 0:
+                del self._keys[:over]
+                self.lost += over
+
+    def take(self) -> list[BlockKey]:
+        """The keys noted since the last call, oldest first (``[]`` while disabled)."""
+        if not self._keys:
+            return []
+        with self._lock:
+            out, self._keys = self._keys or [], []
+        return out
 
 
 class PolicyFactory(Protocol):
@@ -156,7 +213,11 @@ class SecondaryTier(ABC):
         * report every submitted job exactly once; a load may succeed partially (``successful_keys``);
         * never raise out of these methods for backend failures: a failed read is a failed job
           (and a later MISS), a failed write is a failed job; count it in :attr:`stats`;
-        * never serve bytes other than those stored under the key (verify when the medium can lie).
+        * never serve bytes other than those stored under the key (verify when the medium can lie);
+        * note in :attr:`removals` every key it held that it stops holding (evicted, found missing
+          or corrupt, removed by another process sharing the medium): consumers that announce what
+          the tier holds (vLLM's KV events) learn removals only from there. A tier that stores
+          nothing of its own (``stores_nothing``) notes nothing.
 
     Capabilities are class attributes so the engine never probes with try/except.
     """
@@ -188,6 +249,8 @@ class SecondaryTier(ABC):
         self.rows: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
         self.context = context
         self.stats = TierStats()
+        #: Keys this tier stopped holding (see :class:`RemovalLog`); off until a consumer enables it.
+        self.removals = RemovalLog()
 
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:

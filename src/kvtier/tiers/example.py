@@ -77,8 +77,9 @@ class ExampleTier(AsyncTier):
                 held.append(key)
                 continue
             if self.capacity_blocks is not None and len(self._blocks) >= self.capacity_blocks:
-                self._blocks.popitem(last=False)
+                victim, _ = self._blocks.popitem(last=False)
                 self.stats.evictions += 1
+                self.removals.note((victim,))
             # tobytes() copies out of the primary row: the slot may be reused as soon as the job is
             # reported, so the tier must own its bytes.
             self._blocks[key] = self.slot_array(slot).tobytes()

@@ -9,8 +9,11 @@ registration and no patch::
 ``tier`` names the kvtier tier (``fs`` by default; ``tier_module_path`` loads a third party's kvtier
 plug-in); every other key is that tier's option, except the ones the adapter consumes itself
 (``name``, ``cache_salt``, ``locality``, ``enable_kv_events``; see
-:func:`kvtier.config.vllm.split_adapter_entry`). vLLM's fs keys ``n_read_threads`` /
-``n_write_threads`` keep vLLM's meaning (their sum is kvtier fs's ``threads``).
+:func:`kvtier.config.vllm.split_adapter_entry`). ``enable_kv_events`` means what it means on
+vLLM's fs tier: with vLLM's KV cache events on, the blocks the kvtier tier stores and later drops
+are published (``take_events``) to vLLM's KV-event publisher, so a cache-aware router knows them.
+vLLM's fs keys ``n_read_threads`` / ``n_write_threads`` keep vLLM's meaning (their sum is kvtier
+fs's ``threads``).
 
 What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.py``):
     * **Non-blocking.** ``lookup``/``submit_*``/``get_finished_jobs`` only translate and delegate to
@@ -32,9 +35,10 @@ What the adapter guarantees vLLM (the points of vLLM's contract, ``tiering/base.
 
 Remote tiers (``redis``, ``obj``, ``mooncake``, ``p2p``) take their options in the same entry;
 secrets come from environment variables the entry names (``password_env``, ``secret_key_env``,
-``secret_env``), never from a value vLLM would print with its config. ``p2p`` is a client here:
-vLLM owns its primary tier, so ``serve`` is refused and stores move nothing; hits count as vLLM's
-``p2p`` cache-hit source.
+``secret_env``), never from a value vLLM would print with its config. ``p2p`` loads other instances'
+blocks (hits count as vLLM's ``p2p`` cache-hit source) and, with ``serve``, serves this engine's
+primary tier to them through vLLM's ``serve_external_requests`` (:mod:`.serve`; static ``peers``
+only, no ``directory``); its stores move nothing.
 
 Namespace: the kvtier tier's namespace is derived from the offloading spec (model, dtype, KV
 groups, block and chunk size, parallel layout, row size; see
@@ -64,6 +68,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import (
     Locality,
     Medium,
+    OffloadingEvent,
     RequestOffloadingContext,
 )
 from vllm.v1.kv_offload.base import LookupResult as VllmLookup
@@ -100,6 +105,9 @@ _LOOKUP = {
     LookupResult.RETRY: VllmLookup.RETRY,
 }
 _MEDIUM = {"CPU": (Medium.CPU, CacheHitSource.HOST), "STORAGE": (Medium.STORAGE, CacheHitSource.DISK)}
+
+# OffloadingEvent's fields in this vLLM (ownership / removal_expected are newer than some releases).
+_EVENT_FIELDS = frozenset(getattr(OffloadingEvent, "__dataclass_fields__", ()))
 
 _once_lock = threading.Lock()
 _once_seen: set[str] = set()
@@ -180,10 +188,6 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
                 key,
                 instead,
             )
-        if opts.enable_kv_events:
-            _log_once(
-                "enable_kv_events", "kvtier: KvtierTier publishes no KV events; enable_kv_events is ignored"
-            )
         cls = TIERS.resolve(entry["type"], entry.get("module_path"), key_path=ADAPTER_CLASS)
         entry = self._known_options(cls, entry, opts.tier)
         config = getattr(offloading_spec, "config", None)
@@ -215,8 +219,17 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         locality = opts.locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
         self.locality = None if locality is None else Locality(locality)
         self._kvtier_type = opts.tier
+        #: vLLM KV events of this tier (stored / removed), ``None`` when not published (see take_events).
+        self._events: list[OffloadingEvent] | None = None
+        #: Per in-flight store job (events only): its keys the tier reported removed meanwhile.
+        self._gone: dict[int, set[bytes]] = {}
+        if opts.enable_kv_events:
+            self._enable_events(offloading_spec, tier_type)
         self._inflight: dict[int, Any] = {}
         self._ready: list[VllmJobResult] = []
+        self._service: Any = None
+        self._served: Any = None
+        self._start_serving(primary_kv_view)
         self._last_counters: dict[str, int] = {}
         self._next_error_log = 0.0
         log.info(
@@ -226,6 +239,25 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             f"{type(self._tier).__module__}:{type(self._tier).__qualname__}",
             context.namespace[:12],
         )
+
+    def _start_serving(self, primary_kv_view: memoryview) -> None:
+        """Start the p2p block server when the tier asks for one (see :mod:`.serve`)."""
+        if getattr(self._tier, "serve", None) is None:
+            return
+        from kvtier.integrations.vllm.serve import start_serving
+
+        try:
+            started = start_serving(self._tier, _as_bytes(primary_kv_view))
+        except BaseException:
+            self._tier.shutdown()
+            raise
+        if started is not None:
+            self._service, self._served = started
+            # Peers are answered between steps too, by vLLM's tier-poll thread (under the manager
+            # lock, like every other call): an idle engine still serves. The kvtier p2p tier
+            # tolerates polling from another thread.
+            self.tolerates_off_thread_polling = True  # type: ignore[misc]
+            log.info("kvtier: p2p block server for vLLM's primary tier on %s", self._service.address)
 
     @staticmethod
     def _known_options(cls: type[Any], entry: dict[str, Any], tier: str) -> dict[str, Any]:
@@ -256,6 +288,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     def kvtier_tier(self) -> SecondaryTier:
         """The kvtier tier this adapter runs."""
         return self._tier
+
+    @property
+    def block_service(self) -> Any:
+        """The p2p block service serving vLLM's primary tier to peers (``None`` when not serving)."""
+        return self._service
 
     # -- translation -------------------------------------------------------------------------
     def _to_kvtier(self, job: Any) -> TransferJob:
@@ -290,6 +327,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             log.warning("kvtier: tier %r %s failed: %s: %s", self._tier.name, what, type(exc).__name__, exc)
 
     def _fail(self, job: Any, reason: str) -> None:
+        self._gone.pop(job.job_id, None)
         if self._inflight.pop(job.job_id, None) is not None:
             self._ready.append(
                 VllmJobResult(job_id=job.job_id, success=False, transfer_time=0.0, transfer_bytes=0)
@@ -298,6 +336,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def _collect(self) -> None:
         """Move the tier's new results into ``_ready``, once per in-flight job id."""
+        if self._events is not None:
+            self._take_removals()
         try:
             results = self._tier.get_finished_jobs()
         except Exception as exc:
@@ -313,7 +353,95 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
                     result.job_id,
                 )
                 continue
+            if self._events is not None and not job.is_promotion:
+                self._stored_event(job, result)
             self._ready.append(self._to_vllm(job, result))
+
+    # -- KV events ---------------------------------------------------------------------------
+    def _enable_events(self, offloading_spec: Any, tier_type: str) -> None:
+        """Publish this tier's KV events, as vLLM's own fs tier does: only while vLLM publishes KV
+        cache events at all (``kv_events_config``), else vLLM never drains ``take_events``."""
+        events_config = getattr(offloading_spec, "kv_events_config", None)
+        if not getattr(events_config, "enable_kv_cache_events", False):
+            _log_once(
+                f"events-off:{tier_type}",
+                "kvtier: enable_kv_events is set on tier %r but vLLM's KV cache events are disabled "
+                "(--kv-events-config); the tier emits no events",
+                tier_type,
+            )
+            return
+        if getattr(self._tier, "stores_nothing", False):
+            _log_once(
+                f"events-none:{tier_type}",
+                "kvtier: tier %r stores nothing of its own (its hits are other instances' blocks); it "
+                "emits no KV events",
+                tier_type,
+            )
+            return
+        self._events = []
+        self._tier.removals.enable()
+
+    def _event(self, keys: list[Any], *, removed: bool) -> OffloadingEvent:
+        fields: dict[str, Any] = {
+            "keys": keys,
+            "medium": self.medium,
+            "removed": removed,
+            "locality": self.locality,
+            # Which tier holds it, so a router (and vLLM's event tracker) keeps this residency
+            # apart from the primary tier's and from other tiers of the same medium.
+            "ownership": self._tier.name,
+            # Every block announced here is also announced when it goes.
+            "removal_expected": not removed,
+        }
+        return OffloadingEvent(**{k: v for k, v in fields.items() if k in _EVENT_FIELDS})
+
+    def _take_removals(self) -> None:
+        """The tier's removals since the last call become ``removed`` events.
+
+        A key removed while a store job that includes it is in flight is remembered for that job,
+        so its ``stored`` event (published when the job is collected, possibly later) leaves it
+        out: otherwise a router would be told the tier holds a block it already dropped. At worst a
+        block is then announced late or never, which costs a router a missed hint, not a miss.
+        """
+        removed = self._tier.removals.take()
+        if not removed:
+            return
+        assert self._events is not None
+        gone = {bytes(k) for k in removed}
+        for job_id, job in self._inflight.items():
+            if not job.is_promotion:
+                hit = gone.intersection(bytes(k) for k in job.keys)
+                if hit:
+                    self._gone.setdefault(job_id, set()).update(hit)
+        self._events.append(self._event([bytes(k) for k in removed], removed=True))
+
+    def _stored_event(self, job: Any, result: JobResult) -> None:
+        assert self._events is not None
+        gone = self._gone.pop(job.job_id, set())
+        held = result.successful_keys
+        if result.success:
+            keys = [k for k in job.keys if bytes(k) not in gone]
+        elif held:
+            keys = [k for k in job.keys if bytes(k) in held and bytes(k) not in gone]
+        else:
+            keys = []
+        if keys:
+            self._events.append(self._event(list(keys), removed=False))
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Blocks stored into and removed from the kvtier tier since the last call, in order.
+
+        Empty unless the entry sets ``enable_kv_events`` and vLLM publishes KV cache events. A
+        ``stored`` event is published when the store job is collected (vLLM's per-step poll); a
+        ``removed`` event when the tier reports the block gone (its eviction, a corrupt or missing
+        block, another process's eviction of a shared medium), at the next poll or call.
+        """
+        if self._events is None:
+            return []
+        # Removals only: finished jobs wait for vLLM's own poll (their stored events come then).
+        self._take_removals()
+        out, self._events = self._events, []
+        return out
 
     def _submit(self, job: Any, load: bool) -> None:
         self._inflight[job.job_id] = job
@@ -343,11 +471,19 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def get_finished_jobs(self) -> Iterable[Any]:
         self._collect()
+        if self._served is not None:
+            self._ready += self._served.finished()
         out, self._ready = self._ready, []
         return out
 
     def has_pending_work(self) -> bool:
-        return bool(self._inflight or self._ready)
+        served = self._served is not None and self._served.pending()
+        return bool(self._inflight or self._ready or served)
+
+    def serve_external_requests(self, parent: Any) -> None:
+        """Answer queued p2p peer requests from vLLM's primary tier (see :mod:`.serve`)."""
+        if self._served is not None:
+            self._served.serve(parent)
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
         try:
@@ -367,6 +503,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         drained are no longer being copied, so failing it is safe.
         """
         self._tier.drain()
+        if self._served is not None:
+            # Sends to peers read pinned primary chunks: they end (or are given up) first.
+            self._ready += self._served.drain(_DRAIN_REPORT_TIMEOUT)
         deadline = time.monotonic() + _DRAIN_REPORT_TIMEOUT
         while True:
             self._collect()
@@ -390,6 +529,12 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         tier = getattr(self, "_tier", None)
         if tier is None:
             return
+        if self._service is not None:
+            # Peers waiting for an answer get "not held" at once; then the server ends every
+            # connection and joins its threads (they read the primary buffer), before vLLM unmaps it.
+            self._served.close()
+            self._service.close()
+            self._service = self._served = None
         tier.shutdown()
         del self._tier, tier
         gc.collect()

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
+from kvtier.tiers.base import RemovalLog
 from kvtier.tiers.fs.layout import Layout
 
 __all__ = ["FsIndex"]
@@ -29,12 +30,20 @@ class FsIndex:
         present_tops: top-level shard directories that exist now; lookups in the others are
             authoritative MISSes at once (a fresh tree never answers RETRY).
         layout: the tree's layout (which top-level shard a key lives in).
+        removals: where a held key that is forgotten is noted (the tier's log; a private one if
+            ``None``).
     """
 
     def __init__(
-        self, lock: threading.Lock, policy: CachePolicy, present_tops: set[int], layout: Layout
+        self,
+        lock: threading.Lock,
+        policy: CachePolicy,
+        present_tops: set[int],
+        layout: Layout,
+        removals: RemovalLog | None = None,
     ) -> None:
         self.lock = lock
+        self.removals = removals if removals is not None else RemovalLog()
         self.policy = policy
         #: Block -> file size in bytes.
         self.sizes: dict[BlockKey, int] = {}
@@ -84,7 +93,8 @@ class FsIndex:
 
     def forget_locked(self, key: BlockKey) -> None:
         """Drop ``key`` (evicted, removed by another process, found missing or corrupt)."""
-        self.sizes.pop(key, None)
+        if self.sizes.pop(key, None) is not None:
+            self.removals.note((key,))
         self.access.pop(key, None)
         self.policy.remove(key)
         if not self.scan_done:

@@ -33,7 +33,11 @@ from kvtier import codec
 from kvtier.errors import ConfigError
 from kvtier.tiers.fs.safe import FILE_FLAGS, SafeTree, open_dir
 
-__all__ = ["Layout", "ScanShard", "ShardDirs", "block_file_size", "probe_direct_io"]
+__all__ = ["SIM_KEY_BYTES", "Layout", "ScanShard", "ShardDirs", "block_file_size", "probe_direct_io"]
+
+#: Key length assumed for a block file's header where no key is at hand (the simulation, the
+#: striped tier's shares and probes): kvtier's 128-bit block hashes.
+SIM_KEY_BYTES = 16
 
 FORMAT_NAME = "kvtier-fs"
 LAYOUT_VERSION = 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -63,13 +64,20 @@ class LoadPath:
         self.parts = parts
         self._lock = parts.index.lock
 
-    def read_chunk(self, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
-        """Fill each slot with its key's payload; keys that fail are left out of ``done``."""
+    def read_chunk(
+        self, items: list[tuple[BlockKey, int]], abandoned: Callable[[], bool] | None = None
+    ) -> ChunkOutcome:
+        """Fill each slot with its key's payload; keys that fail are left out of ``done``.
+
+        ``abandoned`` tells whether the job was given up (a striped tier's deadline passed and the
+        engine may already reuse the slots): it is asked after each file is opened, before anything
+        is read into the slot, so a stall in ``open``/``fstat`` never lands bytes in a reused slot.
+        """
         ok: list[BlockKey] = []
         error: str | None = None
         try:
             for key, slot in items:
-                err = self._load_one(key, slot)
+                err = self._load_one(key, slot, abandoned)
                 if err is None:
                     ok.append(key)
                 else:
@@ -79,13 +87,16 @@ class LoadPath:
                 self.parts.index.touch_locked(ok, time.time())
         return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
 
-    def _load_one(self, key: BlockKey, slot: int) -> str | None:
+    def _load_one(self, key: BlockKey, slot: int, abandoned: Callable[[], bool] | None = None) -> str | None:
         """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""
         path = self.parts.layout.path_of(key)
         try:
             slot_bytes = self.rows[slot, : self.block_bytes]
             direct = self.direct_io and self._align.aligned(slot)
             fd, size = self.parts.accounting.tree.open_block(path, direct=direct)
+            if abandoned is not None and abandoned():
+                os.close(fd)
+                return "abandoned: past the deadline"
         except FileNotFoundError:
             self._drop_stale(key)
             return "missing"

@@ -39,10 +39,11 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
@@ -50,7 +51,7 @@ from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
-from kvtier.tiers.fs.layout import ShardDirs, block_file_size, probe_direct_io
+from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
 from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options, segment_cap, small_block_limit
 from kvtier.tiers.fs.parts import FsParts
@@ -61,11 +62,36 @@ from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
 
-__all__ = ["FsTier"]
+__all__ = ["STRIPED_ONLY", "FsTier", "as_striped", "refuse_striped_options"]
+
+#: Options of the striped (``root_dirs``) form only.
+STRIPED_ONLY = ("io_timeout", "probe_interval", "fence_errors", "simulate_fenced")
+
+
+def as_striped(options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``options`` in the striped form, or ``None`` for a plain one-root tier: ``root_dirs``, or a
+    ``root_dir`` with a health option (``io_timeout``, ...), which stripes over that one root so
+    its jobs get deadlines and its disk fencing (misses while it fails) like several roots' do."""
+    if options.get("root_dirs") is not None:
+        return dict(options)
+    if options.get("root_dir") is not None and any(options.get(k) is not None for k in STRIPED_ONLY):
+        out = dict(options)
+        out["root_dirs"] = [out.pop("root_dir")]
+        return out
+    return None
+
+
+def refuse_striped_options(**given: object) -> None:
+    """A ``root_dir`` tier refuses the options only ``root_dirs`` has (one-line ``ConfigError``)."""
+    for key, value in given.items():
+        if value is not None:
+            raise ConfigError(
+                key, "applies to a tier with root_dirs; for deadlines and health on one disk write "
+                '"root_dirs": ["<your root_dir>"] instead of root_dir',
+            )  # fmt: skip
+
 
 log = logging.getLogger("kvtier.tiers.fs")
-#: Key length the simulation assumes for a block file's header (kvtier's 128-bit block hashes).
-SIM_KEY_BYTES = 16
 
 
 class FsTier(AsyncTier):
@@ -112,6 +138,17 @@ class FsTier(AsyncTier):
     persistent: ClassVar[bool] = True
     shared: ClassVar[bool] = True
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``root_dirs`` (several disks) builds a striped tier of one FsTier per root (of this very
+        # class, so a subclass's seams apply to every root); ``root_dir`` keeps the one-root tier.
+        striped = as_striped(kwargs)
+        if striped is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped import StripedFsTier
+
+            return StripedFsTier(root_cls=cast(RootClass, cls), **striped)
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
@@ -138,7 +175,16 @@ class FsTier(AsyncTier):
         backpressure: Mapping[str, Any] | None = None,
         small_block_bytes: int | str = SMALL_BLOCK_DEFAULT,
         segment_bytes: int | str | None = None,
+        root_dirs: Sequence[Any] | None = None,
+        io_timeout: float | None = None,
+        probe_interval: float | None = None,
+        fence_errors: int | None = None,
+        simulate_fenced: Sequence[int] | None = None,
     ) -> None:
+        refuse_striped_options(
+            io_timeout=io_timeout, probe_interval=probe_interval, fence_errors=fence_errors,
+            simulate_fenced=simulate_fenced,
+        )  # fmt: skip
         super().__init__(
             primary_kv_view=primary_kv_view, context=context, threads=threads,
             batch_blocks=batch_blocks, log_interval=log_interval, logger=log,
@@ -160,6 +206,8 @@ class FsTier(AsyncTier):
         read_io, seg_cap = o.read_io, o.segment_cap
         small = seg_cap is not None
         self._policy_name = eviction_policy
+        #: Job ids a striped tier gave up on (a set: adds and membership tests are atomic).
+        self._abandoned: set[int] = set()
         self._policy_options = dict(policy_options or {})
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         try:
@@ -187,7 +235,7 @@ class FsTier(AsyncTier):
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
         self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
-        self.index = FsIndex(self._lock, policy, present, self.layout)
+        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
         self.shard_dirs = ShardDirs(self.accounting.tree)
         parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
         self._store = StorePath(
@@ -233,13 +281,23 @@ class FsTier(AsyncTier):
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
         """Every check of the constructor that writes nothing (see :func:`read_options`)."""
+        striped = as_striped(options)
+        if striped is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped import StripedFsTier
+
+            StripedFsTier.check_options(context, striped, root_cls=cast(RootClass, cls))
+            return
         bound = inspect.signature(cls).bind_partial(context=context, **options)
         bound.apply_defaults()
         args = dict(bound.arguments)
         check_worker_options(args.pop("threads"), args.pop("batch_blocks"), args.pop("log_interval"))
         GateConfig.from_options(args.pop("backpressure"))
         args.pop("context")
-        read_options(context, args)
+        striped_only = {k: args.pop(k) for k in STRIPED_ONLY}
+        args.pop("root_dirs")
+        read_options(context, args)  # a missing root_dir is named first
+        refuse_striped_options(**striped_only)
 
     # -- simulation -------------------------------------------------------------------------
     @classmethod
@@ -259,7 +317,17 @@ class FsTier(AsyncTier):
         :class:`~kvtier.tiers.fs.store_path.StorePath`), so ``threads`` and ``batch_blocks`` split
         the writes but never change which blocks are kept or dropped. Blocks on the small-block
         path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
-        records the segments hold, but real eviction is by segment with compaction."""
+        records the segments hold, but real eviction is by segment with compaction. With
+        ``root_dirs`` the striped model answers (:mod:`kvtier.tiers.fs.striped_sim`)."""
+        striped = as_striped(options)
+        if striped is not None:
+            from kvtier.tiers.fs.roots import RootClass
+            from kvtier.tiers.fs.striped_sim import simulate_striped
+
+            return simulate_striped(
+                striped, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
+                root_cls=cast(RootClass, cls), medium=cls.medium,
+            )  # fmt: skip
         profile = super().simulation(
             options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
         )
@@ -320,11 +388,15 @@ class FsTier(AsyncTier):
         self.index.begin_loads_locked(state.job.keys)
 
     def _load_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
+        job_id = state.job.job_id
+        if job_id in self._abandoned:
+            return ChunkOutcome(error="abandoned: past the deadline")
         if self.segments is not None:
             return self.segments.read_chunk(items)
-        return self._load.read_chunk(items)
+        return self._load.read_chunk(items, lambda: job_id in self._abandoned)
 
     def _complete(self, state: JobState) -> None:
+        self._abandoned.discard(state.job.job_id)
         if state.load:
             with self._lock:
                 self.index.end_loads_locked(state.job.keys)
@@ -344,6 +416,36 @@ class FsTier(AsyncTier):
 
     def _new_policy(self, capacity: int) -> CachePolicy:
         return build_policy(self._policy_name, capacity, self._policy_options)
+
+    def abandon(self, job_id: int) -> None:
+        """The caller gave job ``job_id`` up (its deadline passed): chunks of it not yet reading
+        skip their reads, so no slot the engine may reuse is written. Its report still comes."""
+        self._abandoned.add(job_id)
+
+    def responsive(self, timeout: float) -> bool:
+        """Whether this tier's lock can be taken within ``timeout`` s. A worker holds it across a
+        few system calls (an eviction's unlink, an event-log append), so a disk that hangs there
+        keeps it: a striped tier asks this before calling in, and fences the root instead."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        self._lock.release()
+        return True
+
+    def finished_nowait(self) -> list[JobResult] | None:
+        """:meth:`get_finished_jobs` without waiting: ``None`` when the lock is held (ask again)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            out, self._results = self._results, []
+            self._unpolled.difference_update(r.job_id for r in out)
+        finally:
+            self._lock.release()
+        return out
+
+    def wait_idle(self, timeout: float) -> bool:
+        """:meth:`drain` for at most ``timeout`` s; ``False`` when work was still running then."""
+        pool = self._pool
+        return pool is None or pool.wait_idle(timeout)
 
     def _close_resources(self) -> None:
         self._scanner.join(timeout=30)
@@ -428,3 +530,10 @@ class FsTier(AsyncTier):
             segment_bytes=None if self.segments is None else self.segments.segment_bytes,
         )  # fmt: skip
         return info
+
+
+# ``__new__`` takes ``**kwargs`` (it only routes ``root_dirs``); the class's signature, which option
+# checks (``create_tier``'s keyword check, :meth:`FsTier.check_options`) read, is ``__init__``'s.
+FsTier.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    list(inspect.signature(FsTier.__init__).parameters.values())[1:]
+)

@@ -134,7 +134,7 @@ class RemoteTier(AsyncTier):
             raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
         if isinstance(index_capacity, bool) or not isinstance(index_capacity, int) or index_capacity < 1:
             raise ConfigError("index_capacity", f"expected an integer >= 1, got {index_capacity!r}")
-        self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys)
+        self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys, self.removals)
         self.ns_tag = codec.namespace_tag(context.namespace)
         #: This namespace's block headers (``self.headers(key, payload)``).
         self.headers = codec.HeaderMaker(self.ns_tag, self.block_bytes)

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from kvtier.keys import BlockKey, LookupResult
+from kvtier.tiers.base import RemovalLog
 
 __all__ = ["ExistenceIndex"]
 
@@ -48,16 +49,26 @@ class ExistenceIndex:
             again, never wrongly missed for long).
         negative_ttl: seconds a checked-missing key stays MISS.
         unknown: ``"check"``, ``"wait"`` or ``"miss"`` (see the module doc).
+        removals: where a known key found gone is noted (the tier's log; a private one if ``None``).
+            A key dropped only because ``capacity`` is full is not noted: it is still stored, and
+            a later lookup finds it again.
     """
 
     POLICIES = ("check", "wait", "miss")
 
-    def __init__(self, capacity: int = 1 << 20, negative_ttl: float = 2.0, unknown: str = "check") -> None:
+    def __init__(
+        self,
+        capacity: int = 1 << 20,
+        negative_ttl: float = 2.0,
+        unknown: str = "check",
+        removals: RemovalLog | None = None,
+    ) -> None:
         if unknown not in self.POLICIES:
             raise ValueError(f"unknown must be one of {self.POLICIES}, got {unknown!r}")
         self.capacity = capacity
         self.negative_ttl = negative_ttl
         self.unknown = unknown
+        self.removals = removals if removals is not None else RemovalLog()
         self.known: OrderedDict[BlockKey, None] = OrderedDict()
         self._absent: OrderedDict[BlockKey, float] = OrderedDict()
         self._pending: set[BlockKey] = set()
@@ -141,7 +152,9 @@ class ExistenceIndex:
 
     def forget(self, key: BlockKey, now: float) -> None:
         """``key`` does not exist (evicted by the server, never written, corrupt and removed)."""
-        self.known.pop(key, None)
+        if key in self.known:
+            del self.known[key]
+            self.removals.note((key,))
         self._absent[key] = now + self.negative_ttl
         self._absent.move_to_end(key)
         while len(self._absent) > self.capacity:
