@@ -342,15 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    sys.path.insert(0, str(_TESTS))
+    # The store's processes without pytest: a missing install is one line, not a traceback.
+    from mooncake_procs import MooncakeStore, missing
+
+    reason = missing(executables=not args.master)
+    if reason is not None:
+        print(f"bench_mooncake: {reason}", file=sys.stderr)
+        return 2
     from mooncake.store import MooncakeDistributedStore
 
     store = None
     if args.master:
         master, metadata = args.master, args.metadata
     else:
-        sys.path.insert(0, str(_TESTS))
-        from mooncake_servers import MooncakeStore
-
         store = MooncakeStore(Path(tempfile.mkdtemp(prefix="bench-mooncake-")), segment="2GB")
         master, metadata = store.master_addr, store.metadata_server
     client = MooncakeDistributedStore()

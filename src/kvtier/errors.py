@@ -15,10 +15,15 @@
 
 Errors that mirror a builtin also subclass it (``PluginImportError`` is a ``ModuleNotFoundError``) so
 callers that already catch the builtin keep working. Backend exceptions (OSError, redis, botocore) are
-translated at the tier boundary with ``raise ... from exc`` so the cause is never lost.
+translated at the tier boundary with ``raise ... from exc`` so the cause is never lost. Exceptions
+defined elsewhere in kvtier (the p2p protocol's, the fs tier's) derive from this tree too
+(``tests/unit/test_errors.py`` walks every module). A missing optional dependency is named with the
+extra that installs it (:func:`install_hint`).
 """
 
 from __future__ import annotations
+
+from kvtier.extras import EXTRA_OF, install_hint
 
 __all__ = [
     "ConfigError",
@@ -31,7 +36,12 @@ __all__ = [
     "TierError",
     "TierUnavailableError",
     "UnknownPluginError",
+    "install_hint",
 ]
+
+# One table of which extra installs which module (kvtier.extras, which imports nothing of kvtier);
+# re-exported here so an error message's hint and the table it comes from stay one definition.
+EXTRA_OF_MODULE = EXTRA_OF
 
 
 class KvtierError(Exception):

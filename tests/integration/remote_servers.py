@@ -141,7 +141,7 @@ class RedisCluster:
 def s3_settings() -> dict[str, str]:
     """The S3 endpoint of the Ceph RGW gateway (env ``KVTIER_TEST_S3_ENDPOINT``), or skip/fail."""
     endpoint = os.environ.get("KVTIER_TEST_S3_ENDPOINT", "")
-    need(bool(endpoint), "KVTIER_TEST_S3_ENDPOINT is not set (start ../shared/tools/ceph-rgw.sh)")
+    need(bool(endpoint), "KVTIER_TEST_S3_ENDPOINT is not set (start tests/services/ceph-rgw.sh)")
     return {
         "endpoint_url": endpoint,
         "access_key_id": os.environ.get("KVTIER_TEST_S3_ACCESS_KEY", "kvtier"),

@@ -4,7 +4,6 @@ a 3-master Redis Cluster."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,6 @@ need_module("redis", "redis")
 from kvtier.tiers.redis import RedisTier  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    c = RedisCluster(tmp_path_factory.mktemp("cluster"))
-    yield c
-    c.stop()
-
-
 def prefix(workdir: Path) -> str:
     """One key prefix per test (same workdir = same prefix: the shared/persistent tests rebuild
     the tier over the same data)."""
@@ -40,8 +25,8 @@ def prefix(workdir: Path) -> str:
 
 class TestRedisContract(AsyncTierContractTests):
     @pytest.fixture(autouse=True)
-    def _server(self, single: RedisServer) -> None:
-        self.url = single.url
+    def _server(self, redis_single: RedisServer) -> None:
+        self.url = redis_single.url
 
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> RedisTier:
         return RedisTier(
@@ -54,8 +39,8 @@ class TestRedisContract(AsyncTierContractTests):
 
 class TestRedisClusterContract(AsyncTierContractTests):
     @pytest.fixture(autouse=True)
-    def _server(self, cluster: RedisCluster) -> None:
-        self.url = cluster.url
+    def _server(self, redis_cluster: RedisCluster) -> None:
+        self.url = redis_cluster.url
 
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> RedisTier:
         return RedisTier(

@@ -8,14 +8,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from needs import need_module
-from remote_servers import RedisCluster, RedisServer
+from remote_servers import RedisServer
 
 from kvtier.engine import Engine
 from kvtier.jobs import TransferJob
@@ -28,20 +27,6 @@ from kvtier.tiers.redis import RedisTier  # noqa: E402
 
 BLOCK = 256 * 1024
 PROC = Path(__file__).with_name("remote_engine_proc.py")
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    c = RedisCluster(tmp_path_factory.mktemp("cluster"))
-    yield c
-    c.stop()
 
 
 def config(url: str, prefix: str, **top: Any) -> dict[str, Any]:
@@ -67,7 +52,7 @@ def engine_proc(cfg: dict[str, Any], mode: str, n: int, seed: int, timeout: floa
 def test_two_engine_processes_share_blocks_and_tenants_never_do(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
-    url = request.getfixturevalue(kind).url
+    url = request.getfixturevalue(f"redis_{kind}").url  # the session's servers (conftest.py)
     cfg = config(url, f"share-{kind}")
     assert engine_proc(cfg, "store", 12, seed=7) == {"stored": 12, "tier_stores": 12}
     assert engine_proc(cfg, "load", 12, seed=7) == {"hits": 12, "exact": 12}
@@ -75,11 +60,11 @@ def test_two_engine_processes_share_blocks_and_tenants_never_do(
     assert engine_proc(other_tenant, "load", 12, seed=7, timeout=1.5)["hits"] == 0
 
 
-def test_engine_round_trip_is_byte_exact(single: RedisServer) -> None:
+def test_engine_round_trip_is_byte_exact(redis_single: RedisServer) -> None:
     keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
     data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
     out = np.zeros_like(data)
-    with Engine(config(single.url, "engine-rt")) as eng:
+    with Engine(config(redis_single.url, "engine-rt")) as eng:
         assert isinstance(eng.tiers[0], RedisTier)
         assert eng.store_blocks(keys, data) == 8
         eng.drain()
@@ -115,17 +100,17 @@ def _load(tier: RedisTier, keys: list[BlockKey], slots: list[int], jid: int) -> 
     "damage",
     ["truncate", "flip_payload", "flip_header", "other_key", "empty", "extend"],
 )
-def test_corrupted_or_truncated_values_are_never_served(single: RedisServer, damage: str) -> None:
+def test_corrupted_or_truncated_values_are_never_served(redis_single: RedisServer, damage: str) -> None:
     import redis
 
     primary = PrimaryBuffer.heap(4, 8192, 5000)
     written = primary.fill_random([0, 1], seed=5)
     a, b = BlockKey(b"victim"), BlockKey(b"donor")
     prefix = f"corrupt-{damage}"
-    tier = _tier(primary, single.url, prefix)
+    tier = _tier(primary, redis_single.url, prefix)
     try:
         assert _store(tier, [a, b], [0, 1], 1)
-        raw = redis.Redis.from_url(single.url)
+        raw = redis.Redis.from_url(redis_single.url)
         name = f"{prefix}:kvtier-test:".encode() + a
         value = raw.get(name)
         assert value is not None and value.endswith(written[0])
@@ -153,16 +138,16 @@ def test_corrupted_or_truncated_values_are_never_served(single: RedisServer, dam
         tier.shutdown()
 
 
-def test_a_key_the_server_evicted_is_a_miss_not_an_error(single: RedisServer) -> None:
+def test_a_key_the_server_evicted_is_a_miss_not_an_error(redis_single: RedisServer) -> None:
     import redis
 
     primary = PrimaryBuffer.heap(4, 8192, 5000)
     primary.fill_random([0], seed=6)
-    tier = _tier(primary, single.url, "evicted")
+    tier = _tier(primary, redis_single.url, "evicted")
     try:
         k = BlockKey(b"gone")
         assert _store(tier, [k], [0], 1) and tier.lookup(k) is LookupResult.HIT
-        redis.Redis.from_url(single.url).delete(b"evicted:kvtier-test:gone")
+        redis.Redis.from_url(redis_single.url).delete(b"evicted:kvtier-test:gone")
         assert _load(tier, [k], [1], 2) == set()
         assert tier.lookup(k) is LookupResult.MISS and tier.get_stats()["failed_jobs"] == 1
         assert tier.get_stats()["breaker_open"] == 0
@@ -171,18 +156,18 @@ def test_a_key_the_server_evicted_is_a_miss_not_an_error(single: RedisServer) ->
 
 
 @pytest.mark.parametrize("block", [5000, 64 << 10], ids=["small", "large"])
-def test_ttl_expires_blocks(single: RedisServer, block: int) -> None:
+def test_ttl_expires_blocks(redis_single: RedisServer, block: int) -> None:
     """Every SET of a pipelined chunk carries the expiry, whether its payload is joined with the
     command (small) or sent as the slot's own memory (large), and the values read back intact."""
     import redis
 
     primary = PrimaryBuffer.heap(8, block, block)
     written = primary.fill_random([0, 1, 2], seed=8)
-    tier = _tier(primary, single.url, f"ttl{block}", ttl=30, batch_blocks=3, threads=1)
+    tier = _tier(primary, redis_single.url, f"ttl{block}", ttl=30, batch_blocks=3, threads=1)
     keys = [BlockKey(b"t%d" % i) for i in range(3)]
     try:
         assert _store(tier, keys, [0, 1, 2], 1)
-        client = redis.Redis.from_url(single.url)
+        client = redis.Redis.from_url(redis_single.url)
         for k in keys:
             assert 25_000 < client.pttl(b"ttl%d:kvtier-test:%s" % (block, bytes(k))) <= 30_000
         assert _load(tier, keys, [3, 4, 5], 2) == set(keys)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,6 @@ def configs() -> list[dict[str, Any]]:
     return [json.loads(b) for b in blocks("json")]
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    need_module("redis", "redis")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.kill()
-
-
 def test_the_doc_has_every_promised_example() -> None:
     types = [c.get("type") or c["secondary_tiers"][0]["type"] for c in configs()]
     assert types.count("redis") == 3 and types.count("obj") == 1 and types.count("s3") == 1
@@ -43,9 +34,9 @@ def test_the_doc_has_every_promised_example() -> None:
     assert blocks("python")
 
 
-def test_python_example_runs(single: RedisServer) -> None:
+def test_python_example_runs(redis_single: RedisServer) -> None:
     (code,) = blocks("python")
-    code = code.replace("redis://127.0.0.1:6379/0", single.url)
+    code = code.replace("redis://127.0.0.1:6379/0", redis_single.url)
     exec(compile(code, str(DOC), "exec"), {})
 
 
@@ -55,11 +46,11 @@ def _check(cfg: dict[str, Any]) -> None:
     assert report["ok"], report["tiers"]
 
 
-def test_single_redis_config_round_trips(single: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_single_redis_config_round_trips(redis_single: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = configs()[0]
     monkeypatch.setenv("REDIS_PASSWORD", "")
     tier = cfg["secondary_tiers"][0]
-    tier["url"] = single.url
+    tier["url"] = redis_single.url
     del tier["password_env"]  # the local server has no password; the option itself is tested below
     _check(cfg)
 
@@ -87,20 +78,15 @@ def test_password_env_is_used_and_never_shown(tmp_path: Path, monkeypatch: pytes
         server.kill()
 
 
-def test_cluster_config_round_trips(tmp_path: Path) -> None:
-    need_module("redis", "redis")
-    cluster = RedisCluster(tmp_path / "c")
-    try:
-        cfg = configs()[1]
-        cfg["secondary_tiers"][0]["url"] = cluster.url
-        _check(cfg)
-    finally:
-        cluster.stop()
+def test_cluster_config_round_trips(redis_cluster: RedisCluster) -> None:
+    cfg = configs()[1]
+    cfg["secondary_tiers"][0]["url"] = redis_cluster.url
+    _check(cfg)
 
 
-def test_backpressure_example_is_a_valid_tier_entry(single: RedisServer) -> None:
+def test_backpressure_example_is_a_valid_tier_entry(redis_single: RedisServer) -> None:
     entry = next(c for c in configs() if "backpressure" in c)
-    _check({"secondary_tiers": [{**entry, "url": single.url}]})
+    _check({"secondary_tiers": [{**entry, "url": redis_single.url}]})
 
 
 def test_aws_config_builds_without_contacting_aws(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from mooncake_servers import LOOPBACK_ENV, mooncake_store
 from needs import need_module
-from remote_servers import RedisCluster, RedisServer, s3_settings
+from remote_servers import RedisServer, s3_settings
 from vllm_helpers import ROW_BYTES, VllmStack, assert_exact, offload_keys, offloading_config
 from vllm_peer import Peer
 from vllm_scenarios import load_until_hit
@@ -74,14 +74,6 @@ def doc_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.kill()
 
 
-@pytest.fixture(scope="module")
-def doc_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    need_module("redis", "redis")
-    cluster = RedisCluster(tmp_path_factory.mktemp("docs-cluster"))
-    yield cluster
-    cluster.stop()
-
-
 def _localised(
     raw: dict[str, Any],
     tmp_path: Path,
@@ -106,7 +98,7 @@ def _localised(
             assert "password_env" in tier, "the doc's redis server config names its password variable"
             monkeypatch.setenv(tier["password_env"], _REDIS_PASSWORD)
         elif kind == "cluster":
-            tier["url"] = request.getfixturevalue("doc_cluster").url
+            tier["url"] = request.getfixturevalue("redis_cluster").url  # the session's (conftest.py)
         elif kind == "obj":
             need_module("boto3", "s3")
             s3 = s3_settings()

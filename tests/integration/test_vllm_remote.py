@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +40,12 @@ STEADY = {**FAST, "op_timeout": 2.0}
 
 
 def _prefix(request: pytest.FixtureRequest) -> str:
-    """A key prefix of this test alone (servers are shared by a module)."""
+    """A key prefix of this test alone (servers are shared by the session)."""
     return "v" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
 
 
 # -- redis -------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def redis_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    need_module("redis", "redis")
-    server = RedisServer(tmp_path_factory.mktemp("vllm-redis"))
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    need_module("redis", "redis")
-    cluster = RedisCluster(tmp_path_factory.mktemp("vllm-cluster"))
-    yield cluster
-    cluster.stop()
+# redis_single and redis_cluster: the session's servers (tests/integration/conftest.py).
 
 
 def _redis(url: str, prefix: str, deadlines: dict[str, float] = STEADY, **kw: Any) -> dict[str, Any]:

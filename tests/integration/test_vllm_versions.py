@@ -25,7 +25,7 @@ from kvtier.integrations.vllm.compat import parse_version
 ROOT = Path(__file__).resolve().parents[2]
 # The files that drive vLLM's own factory, tiering manager and spec, plus the version logic.
 FILES = (
-    "tests/unit/test_vllm_compat.py",
+    "tests/integration/test_vllm_compat.py",
     "tests/integration/test_vllm_factory.py",
     "tests/integration/test_vllm_manager.py",
     "tests/integration/test_vllm_spec.py",

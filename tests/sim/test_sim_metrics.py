@@ -20,7 +20,7 @@ def _stats() -> dict[str, Any]:
         "hits": 30,
         "evictions": 7,
         "dropped_stores": 1,
-        "inflight_jobs": 2,
+        "jobs_inflight": 2,  # the engine's name (Engine.stats(); kvtier.stats.EngineStats)
         "primary": {"hits": 30, "lookups": 100, "num_slots": 64, "resident": 50},
         "tiers": {
             "fs0": {

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 import kvtier  # noqa: E402
 from kvtier.engine import Engine  # noqa: E402
 from kvtier.keys import BlockKey, LookupResult  # noqa: E402
-from kvtier.metrics import METRICS, register_collector, start_exporter  # noqa: E402
+from kvtier.metrics import FAMILIES, METRICS, register_collector, start_exporter  # noqa: E402
 from kvtier.tiers.base import TierContext  # noqa: E402
 from kvtier.tiers.example import ExampleTier  # noqa: E402
 
@@ -49,7 +49,7 @@ def full_stats() -> dict[str, Any]:
             "fs0": {
                 "lookups": 70, "hits": 12, "bytes_read": 12 * BLOCK, "bytes_written": 60 * BLOCK,
                 "evictions": 3, "corrupt": 1, "dropped_stores": 0, "failed_jobs": 2, "loads": 12,
-                "read_seconds": 0.5, "write_seconds": 1.5, "inflight_jobs": 3, "errors": 4,
+                "promotions": 12, "read_seconds": 0.5, "write_seconds": 1.5, "inflight_jobs": 3, "errors": 4,
                 "used_bytes": 48 * BLOCK, "max_bytes": 1000 * BLOCK, "gate_state": 1, "gate_throttled": 5,
                 "root0_used_bytes": 20 * BLOCK, "root1_used_bytes": 28 * BLOCK,
                 "root0_max_bytes": 500 * BLOCK, "root1_max_bytes": 500 * BLOCK,
@@ -229,6 +229,90 @@ def test_real_engine_on_a_host_registry(tmp_path: Path) -> None:
     assert got[("kvtier_engine_inflight_jobs", ())] == st["jobs_inflight"]
     assert got[("kvtier_build_info", (("python", __import__("platform").python_version()),
                                       ("version", kvtier.__version__)))] == 1  # fmt: skip
+
+
+def _real_stats(tmp_path: Path) -> dict[str, Any]:
+    """``stats()`` of a real engine (fs + example tiers) after stores, evictions and a promotion."""
+    config = {
+        "cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK,
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": str(tmp_path / "fs"), "max_bytes": "1MiB"},
+            {"type": "example"},
+            # Two roots: the per-root families have samples too.
+            {"type": "fs", "root_dirs": [str(tmp_path / "r0"), str(tmp_path / "r1")], "max_bytes": "1MiB"},
+        ],
+    }  # fmt: skip
+    with Engine(config) as e:
+        keys = _keys(6)
+        data = np.arange(6 * BLOCK, dtype=np.uint64).astype(np.uint8).reshape(6, BLOCK)
+        for lo in (0, 3):
+            e.store_blocks(keys[lo : lo + 3], data[lo : lo + 3])
+            e.drain()
+        e.lookup(keys)
+        e.drain()
+        return e.stats()
+
+
+def _holders(stats: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    """The mappings of ``stats`` that hold the last part of ``path`` (``tiers.*``: every tier's)."""
+    *parents, _ = path.split(".")
+    level: list[dict[str, Any]] = [stats]
+    for part in parents:
+        level = [v for d in level for v in (d.values() if part == "*" else [d[part]])]
+    return level
+
+
+def test_every_family_is_fed_by_fields_a_real_engine_reports(tmp_path: Path) -> None:
+    """Each family's declared ``fields`` exist in a real engine's ``stats()`` (in at least one tier
+    for ``tiers.*``), and changing one changes that family's samples: no family reads a name the
+    engine never emits, none declares a field it does not read."""
+    import copy
+
+    stats = _real_stats(tmp_path)
+    for fam in FAMILIES:
+        for path in fam.fields:
+            leaf = path.split(".")[-1]
+            # TierReport.roots gathers a tier's root<N>_<stat> entries.
+            keys = (lambda d: [k for k in d if re.fullmatch(r"root\d+_\w+", k)]) if leaf == "roots" else (
+                lambda d, leaf=leaf: [leaf] if leaf in d else []
+            )  # fmt: skip
+            holders = [d for d in _holders(stats, path) if keys(d)]
+            assert holders, f"{fam.name} reads {path}, which the engine does not report"
+            changed = copy.deepcopy(stats)
+            for d in _holders(changed, path):
+                for k in keys(d):
+                    d[k] = {} if k == "latency" else 12345
+            before = [x for x in exposition(stats)[0].splitlines() if x.startswith(fam.base)]
+            after = [x for x in exposition(changed)[0].splitlines() if x.startswith(fam.base)]
+            assert before != after, f"{fam.name} does not change with {path}"
+
+
+def test_every_family_field_is_a_field_of_the_typed_stats() -> None:
+    """The collector reads :class:`kvtier.stats.EngineStats` field by field: each declared source is
+    one of its fields (``primary.x``: PrimaryStats, ``tiers.*.x``: TierReport)."""
+    import dataclasses
+
+    from kvtier.stats import EngineStats, PrimaryStats, TierReport
+
+    names = {
+        "": {f.name for f in dataclasses.fields(EngineStats)},
+        "primary": {f.name for f in dataclasses.fields(PrimaryStats)},
+        "tiers.*": {f.name for f in dataclasses.fields(TierReport)},
+    }
+    for fam in FAMILIES:
+        for path in fam.fields:
+            owner, _, leaf = path.rpartition(".")
+            assert leaf in names[owner], f"{fam.name}: {path} is no field of the typed stats"
+
+
+def test_families_are_declared_once_and_documented() -> None:
+    """METRICS is FAMILIES' view; the module docstring's table lists exactly the same names."""
+    import kvtier.metrics as m
+
+    assert [(f.name, f.kind, f.labels) for f in FAMILIES] == list(METRICS)
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+    documented = set(re.findall(r"``(kvtier_[a-z_]+)``", m.__doc__ or ""))
+    assert documented == {f.name for f in FAMILIES}
 
 
 def test_real_replay_endpoint_serves_histograms_and_per_tier_series(tmp_path: Path) -> None:

@@ -286,13 +286,22 @@ def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
     for k in raw:
         if not isinstance(k, str) or k not in _TOP_KEYS:
             raise vllm_config.explain_vllm_key(str(k), "") or _unknown_key("", str(k), _TOP_KEYS)
-    d = KvtierConfig()
+    kw: dict[str, Any] = {**_numbers(raw), **_names(raw)}
+    kw["secondary_tiers"] = _parse_tiers(raw.get("secondary_tiers"))
+    kw["plugins"] = _parse_plugins(raw.get("plugins"))
+    cfg = KvtierConfig(**kw, raw=dict(raw))
+    if cfg.primary_backing != "none" and cfg.num_primary_slots < 1:
+        raise ConfigError(
+            "cpu_bytes_to_use",
+            f"{cfg.cpu_bytes_to_use} bytes hold no slot of {cfg.row_stride} bytes; "
+            "raise it to at least one block",
+        )
+    return cfg
+
+
+def _names(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level settings that are strings, choices or option objects, checked."""
     kw: dict[str, Any] = {}
-    for key in ("cpu_bytes_to_use", "block_bytes"):
-        if key in raw:
-            kw[key] = parse_size(raw[key], key)
-    if kw.get("block_bytes", d.block_bytes) < 1:
-        raise ConfigError("block_bytes", "must be at least 1 byte")
     for key in ("eviction_policy", "spec_name", "model"):
         if key in raw:
             kw[key] = _expect(raw[key], str, key, "a string")
@@ -305,12 +314,22 @@ def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
     for key in ("policy_options", "cost_model"):
         if key in raw:
             kw[key] = dict(_expect(raw[key], Mapping, key, "an object"))
-    kw["secondary_tiers"] = _parse_tiers(raw.get("secondary_tiers"))
-    kw["plugins"] = _parse_plugins(raw.get("plugins"))
     if "primary_backing" in raw:
         kw["primary_backing"] = _choice(raw["primary_backing"], "primary_backing", PRIMARY_BACKINGS)
     if "write_policy" in raw:
         kw["write_policy"] = _choice(raw["write_policy"], "write_policy", WRITE_POLICIES)
+    return kw
+
+
+def _numbers(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level sizes, counts, shares and ports, each checked against its range."""
+    d = KvtierConfig()
+    kw: dict[str, Any] = {}
+    for key in ("cpu_bytes_to_use", "block_bytes"):
+        if key in raw:
+            kw[key] = parse_size(raw[key], key)
+    if kw.get("block_bytes", d.block_bytes) < 1:
+        raise ConfigError("block_bytes", "must be at least 1 byte")
     if "primary_row_pad" in raw:
         kw["primary_row_pad"] = parse_size(raw["primary_row_pad"], "primary_row_pad")
         if kw["primary_row_pad"] > _MAX_ROW_PAD:
@@ -333,14 +352,7 @@ def _from_mapping(raw: Mapping[str, Any]) -> KvtierConfig:
         if not 0 <= port <= 65535:
             raise ConfigError("metrics_port", f"must be in 0..65535, got {port}")
         kw["metrics_port"] = port
-    cfg = KvtierConfig(**kw, raw=dict(raw))
-    if cfg.primary_backing != "none" and cfg.num_primary_slots < 1:
-        raise ConfigError(
-            "cpu_bytes_to_use",
-            f"{cfg.cpu_bytes_to_use} bytes hold no slot of {cfg.row_stride} bytes; "
-            "raise it to at least one block",
-        )
-    return cfg
+    return kw
 
 
 def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:

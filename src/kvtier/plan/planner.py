@@ -161,33 +161,13 @@ def plan(
     from kvtier.sim.prepared import prepare_trace
 
     t0 = time.perf_counter()
-    if not requests:
-        raise ConfigError("trace", "no requests to plan for")
-    if kv_bytes_per_token < 1:
-        raise ConfigError("--kv-bytes-per-token", f"must be >= 1, got {kv_bytes_per_token}")
-    if tokens_per_block < 1:
-        raise ConfigError("--block-tokens", f"must be >= 1, got {tokens_per_block}")
     objective = Objective.make(target_hit, budget)
     menu = menu or Menu()
-    kinds = [k.strip() for k in kinds if k.strip()]
-    if not kinds or kinds[0] != "ram":
-        raise ConfigError("--tiers", f"the stack starts with ram (the primary tier); got {','.join(kinds)!r}")
-    for k in kinds:
-        menu.kind(k)
+    kinds = _checked_kinds(requests, kv_bytes_per_token, tokens_per_block, menu, kinds)
     seconds = _trace_seconds(requests, trace_seconds)
     notes: list[str] = []
-    recompute = tokens_per_block * menu.gpu.prefill_seconds_per_token
     block_bytes = kv_bytes_per_token * tokens_per_block
-    kept = []
-    for k in kinds:
-        load = menu.kind(k).load_seconds(block_bytes)
-        if k != "ram" and load >= recompute:
-            notes.append(
-                f"{k} left out: loading a block ({load * 1e3:.1f} ms) is not faster than recomputing it "
-                f"({recompute * 1e3:.1f} ms at {menu.gpu.prefill_tokens_per_second:,.0f} tokens/s)"
-            )
-            continue
-        kept.append(k)
+    kept = _worth_loading(kinds, menu, block_bytes, tokens_per_block, notes)
     ns = KeyNamespace.from_config(load_config({"block_bytes": block_bytes}), block_size=tokens_per_block)
     trace = prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
     t1 = time.perf_counter()
@@ -200,16 +180,7 @@ def plan(
         ctx, objective, simulations=simulations, refine=refine, jobs=jobs, grid=grid, progress=progress
     )
     t3 = time.perf_counter()
-    best = sorted(simulated, key=objective.key)[0]
-    rec: Point | None = best if objective.feasible(best) else None
-    if rec is None:
-        notes.append(
-            f"target {100 * objective.value:.2f}% not reached: the best simulated stack hits "
-            f"{100 * best.block_hit:.2f}% (infinite cache: {100 * trace.infinite()['block']:.2f}%)"
-        )
-    notes.append(
-        f"RAM is never below {staging_blocks(ctx):,} blocks: the longest request must fit to be stored"
-    )
+    rec = _recommend(ctx, objective, simulated, notes)
     result = PlanResult(
         trace=name,
         requests=trace.requests,
@@ -242,3 +213,59 @@ def plan(
         "total_seconds": time.perf_counter() - t0,
     }
     return result
+
+
+def _checked_kinds(
+    requests: Sequence[TraceRequest], kv_bytes_per_token: int, tokens_per_block: int, menu: Menu,
+    kinds: Sequence[str],
+) -> list[str]:  # fmt: skip
+    """The tier kinds asked for, checked (a stack starts with ram; every kind is on the menu), after
+    the trace and block-size inputs are; :class:`ConfigError` naming the option otherwise."""
+    if not requests:
+        raise ConfigError("trace", "no requests to plan for")
+    if kv_bytes_per_token < 1:
+        raise ConfigError("--kv-bytes-per-token", f"must be >= 1, got {kv_bytes_per_token}")
+    if tokens_per_block < 1:
+        raise ConfigError("--block-tokens", f"must be >= 1, got {tokens_per_block}")
+    out = [k.strip() for k in kinds if k.strip()]
+    if not out or out[0] != "ram":
+        raise ConfigError("--tiers", f"the stack starts with ram (the primary tier); got {','.join(out)!r}")
+    for k in out:
+        menu.kind(k)
+    return out
+
+
+def _worth_loading(
+    kinds: list[str], menu: Menu, block_bytes: int, tokens_per_block: int, notes: list[str]
+) -> list[str]:
+    """The kinds whose block loads beat recomputing the block on the GPU; a note for each left out."""
+    recompute = tokens_per_block * menu.gpu.prefill_seconds_per_token
+    kept = []
+    for k in kinds:
+        load = menu.kind(k).load_seconds(block_bytes)
+        if k != "ram" and load >= recompute:
+            notes.append(
+                f"{k} left out: loading a block ({load * 1e3:.1f} ms) is not faster than recomputing it "
+                f"({recompute * 1e3:.1f} ms at {menu.gpu.prefill_tokens_per_second:,.0f} tokens/s)"
+            )
+            continue
+        kept.append(k)
+    return kept
+
+
+def _recommend(
+    ctx: PlanContext, objective: Objective, simulated: list[Point], notes: list[str]
+) -> Point | None:
+    """The best simulated stack if it meets the objective (else ``None`` and a note saying how close
+    it came), and the note on the RAM floor every stack has."""
+    best = sorted(simulated, key=objective.key)[0]
+    rec = best if objective.feasible(best) else None
+    if rec is None:
+        notes.append(
+            f"target {100 * objective.value:.2f}% not reached: the best simulated stack hits "
+            f"{100 * best.block_hit:.2f}% (infinite cache: {100 * ctx.trace.infinite()['block']:.2f}%)"
+        )
+    notes.append(
+        f"RAM is never below {staging_blocks(ctx):,} blocks: the longest request must fit to be stored"
+    )
+    return rec

@@ -78,7 +78,7 @@ def replay(
     tier; since those are the newest blocks and few, eviction victims are the same as without
     overlap in practice. ``sync=True`` waits for each request's tier I/O before the next request.
     """
-    from kvtier.engine import Engine, RequestContext
+    from kvtier.engine import RequestContext
     from kvtier.metrics import start_exporter
     from kvtier.sim.replay_loops import run_real, run_simulate
 
@@ -88,36 +88,14 @@ def replay(
     # Replay serves the metrics itself (for exactly the replay's duration): the engine must not
     # also bind config.metrics_port.
     config = dataclasses.replace(config, metrics_port=None)
-    if simulate:
-        from kvtier.sim.simtier import sim_tiers
-
-        config = dataclasses.replace(config, primary_backing="none")
-        # Secondary tiers become metadata-only models (kvtier.sim.simtier): the engine is unchanged.
-        engine = Engine(config, clock=lambda: now[0], tiers=sim_tiers(config))
-    else:
-        engine = Engine(config)
+    config, engine = _build_engine(config, simulate, now)
     exporter = None
     try:
         if port is not None:
             exporter = start_exporter(engine, port)
             if on_listen is not None:
                 on_listen(exporter.url)
-        report = ReplayReport(
-            trace=trace.name,
-            mode=mode,
-            policy=config.eviction_policy,
-            capacity_blocks=int(engine.num_slots),
-            requests=trace.requests,
-            block_refs=trace.block_refs,
-            unique_blocks=trace.unique_blocks,
-            tokens=trace.tokens,
-            infinite=trace.infinite(),
-        )
-        if simulate and config.secondary_tiers:
-            report.notes.append(
-                "simulate mode models secondary tiers by capacity and policy (kvtier.sim.simtier); "
-                "their timing and I/O are not simulated"
-            )
+        report = _new_report(trace, mode, config, int(engine.num_slots))
         cm = cost_model or CostModel.from_config(
             config, tier_media={t.name: t.medium for t in getattr(engine, "tiers", [])}
         )
@@ -153,6 +131,41 @@ def replay(
         if exporter is not None:
             exporter.close()
         engine.close()
+
+
+def _build_engine(config: KvtierConfig, simulate: bool, now: list[float]) -> tuple[KvtierConfig, Any]:
+    """The replay's engine and the config it runs: ``simulate`` drops the primary backing, runs
+    the clock from ``now`` and models the secondary tiers by metadata (:mod:`kvtier.sim.simtier`)."""
+    from kvtier.engine import Engine
+
+    if not simulate:
+        return config, Engine(config)
+    from kvtier.sim.simtier import sim_tiers
+
+    config = dataclasses.replace(config, primary_backing="none")
+    # Secondary tiers become metadata-only models (kvtier.sim.simtier): the engine is unchanged.
+    return config, Engine(config, clock=lambda: now[0], tiers=sim_tiers(config))
+
+
+def _new_report(trace: PreparedTrace, mode: str, config: KvtierConfig, capacity_blocks: int) -> ReplayReport:
+    """The report before the first request: the trace's figures and the mode's notes."""
+    report = ReplayReport(
+        trace=trace.name,
+        mode=mode,
+        policy=config.eviction_policy,
+        capacity_blocks=capacity_blocks,
+        requests=trace.requests,
+        block_refs=trace.block_refs,
+        unique_blocks=trace.unique_blocks,
+        tokens=trace.tokens,
+        infinite=trace.infinite(),
+    )
+    if mode == "simulate" and config.secondary_tiers:
+        report.notes.append(
+            "simulate mode models secondary tiers by capacity and policy (kvtier.sim.simtier); "
+            "their timing and I/O are not simulated"
+        )
+    return report
 
 
 def fast_path_refusal(config: KvtierConfig, trace: PreparedTrace, hook: Any, port: int | None) -> str | None:

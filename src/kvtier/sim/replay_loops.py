@@ -304,6 +304,31 @@ def _simulate_primary_only(
     report.cost = cost.as_dict(report.tokens)
 
 
+def _load_hits(
+    engine: Any, rep: Any, hit_keys: list[Any], hit_idx: list[int], buf: Any, ctx: Any,
+    report: ReplayReport, payload: PayloadFactory,
+) -> list[int]:  # fmt: skip
+    """Load a request's hits (after its promotions finished) and verify the bytes; returns the
+    indexes whose load failed, to recompute. ``load_blocks`` copies the leading run it can read; a
+    failed promotion (tier error, corrupt file) ends it."""
+    from kvtier.errors import MisuseError
+
+    if rep.pending:
+        # Promotions are jobs: wait for them so the blocks are READY to load.
+        engine.drain()
+        engine.poll()
+    try:
+        copied = engine.load_blocks(hit_keys, buf[: len(hit_keys)], ctx)
+    except MisuseError:
+        # A promotion failed (tier error); the engine already counted it. Degrade to misses.
+        copied = 0
+    report.failed_loads += len(hit_keys) - copied
+    if copied:
+        report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
+        report.verified_blocks += copied
+    return hit_idx[copied:]
+
+
 def run_fast(
     trace: PreparedTrace, report: ReplayReport, cm: CostModel, config: KvtierConfig, slots: int
 ) -> None:
@@ -358,8 +383,6 @@ def run_real(
     ctx_cls: Any,
     sync: bool,
 ) -> None:
-    from kvtier.errors import MisuseError
-
     tpb = trace.tokens_per_block
     tiers = list(getattr(engine, "tiers", []))
     names = [t.name for t in tiers]
@@ -401,23 +424,8 @@ def run_real(
         recompute: list[int] = []
         if hit_idx:
             t2 = clock()
-            if rep.pending:
-                # Promotions are jobs: wait for them so the blocks are READY to load.
-                engine.drain()
-                engine.poll()
             hit_keys = [keys[j] for j in hit_idx]
-            try:
-                copied = engine.load_blocks(hit_keys, buf[: len(hit_keys)], ctx)
-            except MisuseError:
-                # A promotion failed (tier error); the engine already counted it. Degrade to misses.
-                copied = 0
-            # load_blocks copies the leading run it can read; a failed promotion (tier error,
-            # corrupt file) ends it. Verify what was copied, recompute (store) the rest.
-            report.failed_loads += len(hit_keys) - copied
-            if copied:
-                report.verify_mismatches += len(payload.mismatches(hit_keys[:copied], buf[:copied]))
-                report.verified_blocks += copied
-            recompute = hit_idx[copied:]
+            recompute = _load_hits(engine, rep, hit_keys, hit_idx, buf, ctx, report, payload)
             dt = clock() - t2
             lat_load.append(dt)
             src = "primary"
@@ -445,12 +453,16 @@ def run_real(
     engine.poll()
     if progress is not None:
         progress(total, total)
-    report.latency = {
-        "lookup": percentiles(lat_lookup),
-        "load": percentiles(lat_load),
-        "store": percentiles(lat_store),
-    }
-    for name, samples in lat_by_tier.items():
-        if samples:
-            report.latency[f"load[{name}]"] = percentiles(samples)
+    report.latency = _latency(lat_lookup, lat_load, lat_store, lat_by_tier)
     report.cost = cost.as_dict(report.tokens)
+
+
+def _latency(
+    lookup: list[float], load: list[float], store: list[float], load_by_tier: dict[str, list[float]]
+) -> dict[str, dict[str, float]]:
+    """Real mode's latency percentiles: per operation, and loads by the tier they waited for."""
+    out = {"lookup": percentiles(lookup), "load": percentiles(load), "store": percentiles(store)}
+    for name, samples in load_by_tier.items():
+        if samples:
+            out[f"load[{name}]"] = percentiles(samples)
+    return out

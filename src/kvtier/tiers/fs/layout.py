@@ -244,12 +244,10 @@ class Layout:
         This loop is the warm-restart hot path (>= 50,000 files/s): locals only, no per-file objects
         beyond one tuple.
         """
-        shard_of, name_of, fromhex = self.shard_of, self.name_of, bytes.fromhex
         sizes: dict[int, int] = {}
         for top in range(self.top_count):
             top_dir = self.top_dir(top)
             shard = ScanShard(top, [], [])
-            entries, bad = shard.entries, shard.bad
             try:
                 # O_NOFOLLOW: a top-level shard replaced by a link is never walked.
                 top_fd = open_dir(top_dir)
@@ -266,50 +264,60 @@ class Layout:
                 os.close(top_fd)
             for mid in mids:
                 if mid.name not in _MID_NAMES or not mid.is_dir(follow_symlinks=False):
-                    bad.append((mid.path, "stray"))
+                    shard.bad.append((mid.path, "stray"))
                     continue
                 want = (top << 4) | int(mid.name, 16)
-                mid_path = f"{top_dir}/{mid.name}"
-                try:
-                    mid_fd = open_dir(mid_path)
-                except OSError:
-                    continue
-                try:
-                    it = os.scandir(mid_fd)
-                except OSError:
-                    os.close(mid_fd)
-                    continue
-                with it, contextlib.closing(_Fd(mid_fd)):
-                    for e in it:
-                        name = e.name
-                        e_path = f"{mid_path}/{name}"
-                        try:
-                            st = e.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # evicted while we looked
-                        if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
-                            bad.append((e_path, "stray"))
-                            continue
-                        key: bytes | None
-                        if name[0] == "x":
-                            key = self._read_long_key(e_path)
-                        else:
-                            try:
-                                key = fromhex(name)
-                            except ValueError:
-                                key = None
-                        if key is None or shard_of(key) != want or name_of(key) != name:
-                            bad.append((e_path, "foreign"))
-                            continue
-                        klen = len(key)
-                        size = sizes.get(klen)
-                        if size is None:
-                            size = sizes[klen] = self.file_size(klen)
-                        if st.st_size != size:
-                            bad.append((e_path, "truncated" if st.st_size < size else "length"))
-                            continue
-                        entries.append((key, st.st_size, st.st_mtime))
+                self._scan_mid(f"{top_dir}/{mid.name}", want, owners, sizes, shard)
             yield shard
+
+    def _scan_mid(
+        self, mid_path: str, want: int, owners: frozenset[int] | None, sizes: dict[int, int], shard: ScanShard
+    ) -> None:
+        """Add the files of one second-level shard directory (shard number ``want``) to ``shard``.
+
+        ``sizes`` caches the file size per key length across calls. The per-file loop of :meth:`scan`.
+        """
+        shard_of, name_of, fromhex = self.shard_of, self.name_of, bytes.fromhex
+        entries, bad = shard.entries, shard.bad
+        try:
+            mid_fd = open_dir(mid_path)
+        except OSError:
+            return
+        try:
+            it = os.scandir(mid_fd)
+        except OSError:
+            os.close(mid_fd)
+            return
+        with it, contextlib.closing(_Fd(mid_fd)):
+            for e in it:
+                name = e.name
+                e_path = f"{mid_path}/{name}"
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # evicted while we looked
+                if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
+                    bad.append((e_path, "stray"))
+                    continue
+                key: bytes | None
+                if name[0] == "x":
+                    key = self._read_long_key(e_path)
+                else:
+                    try:
+                        key = fromhex(name)
+                    except ValueError:
+                        key = None
+                if key is None or shard_of(key) != want or name_of(key) != name:
+                    bad.append((e_path, "foreign"))
+                    continue
+                klen = len(key)
+                size = sizes.get(klen)
+                if size is None:
+                    size = sizes[klen] = self.file_size(klen)
+                if st.st_size != size:
+                    bad.append((e_path, "truncated" if st.st_size < size else "length"))
+                    continue
+                entries.append((key, st.st_size, st.st_mtime))
 
     def _read_long_key(self, path: str) -> bytes | None:
         try:

@@ -40,7 +40,11 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 class ForeignFileError(OSError):
     """A path of the tree holds something the tier did not write (a link, FIFO, device, directory,
-    or a file of another owner). ``reason`` is one word: ``"symlink"``, ``"special"``, ``"owner"``."""
+    or a file of another owner). ``reason`` is one word: ``"symlink"``, ``"special"``, ``"owner"``.
+
+    An ``OSError`` on purpose, outside the ``KvtierError`` tree: the fs tier's own I/O paths raise and
+    catch it beside the kernel's errors (a hostile file reads as a miss) and it never leaves the
+    tier."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(errno.EPERM, f"not a block file of this tier ({reason})", path)

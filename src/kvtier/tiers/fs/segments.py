@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import codec
+from kvtier.errors import KvtierError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.backpressure import StoreGate
@@ -72,7 +73,7 @@ def record_size(key_len: int, block_bytes: int, mac: bool) -> int:
     return codec.header_size(key_len, align) + block_bytes
 
 
-class _NoRoom(Exception):
+class _NoRoom(KvtierError):
     """No sealed segment can be reclaimed: the store is dropped."""
 
 

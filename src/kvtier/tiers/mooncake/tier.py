@@ -330,6 +330,17 @@ class MooncakeTier(RemoteTier):
             codes = client.batch_put_from_multi_buffers(names, ptrs, sizes, self._config)
         else:
             codes = client.batch_put_from(names, ptrs, sizes, self._config)
+        answer_error = self._fold_put_codes(route, keys, codes, done)  # always: it counts and may raise
+        error = error or answer_error
+        return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
+
+    def _fold_put_codes(
+        self, route: str, keys: list[BlockKey], codes: list[int], done: list[BlockKey]
+    ) -> str | None:
+        """Sort the store's answers to one batched put: stored (or already there) keys join ``done``;
+        a full store counts dropped stores and reports to the breaker; an unavailable store raises
+        (the whole route is down). Returns the first other error, for the chunk's outcome."""
+        error: str | None = None
         full = 0
         unavailable: int | None = None
         for key, code in zip(keys, codes, strict=True):
@@ -349,7 +360,7 @@ class MooncakeTier(RemoteTier):
             with self._lock:
                 self.stats.dropped_stores += full
             self._on_error(route, RemoteFullError(f"mooncake: no space for {full} block(s)"))
-        return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
+        return error
 
     def _place(self, one: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
         """Append the transfer addresses of object ``i`` when it does not move in place: with

@@ -16,6 +16,7 @@ import ssl
 import time
 from collections.abc import Sequence
 
+from kvtier.errors import KvtierError
 from kvtier.tiers.p2p import protocol as P
 from kvtier.tiers.p2p.protocol import block_checksum
 from kvtier.tiers.remote.sockio import is_plain, recv_flags, reusable, set_recv_timeout, use_kernel_timeouts
@@ -23,7 +24,7 @@ from kvtier.tiers.remote.sockio import is_plain, recv_flags, reusable, set_recv_
 __all__ = ["PeerConnection", "PeerRefusedError", "parse_peer"]
 
 
-class PeerRefusedError(Exception):
+class PeerRefusedError(KvtierError):
     """The peer answered with an ERROR frame (handshake mismatch, authentication, busy)."""
 
     def __init__(self, code: int, message: str) -> None:

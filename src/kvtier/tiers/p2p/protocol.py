@@ -34,7 +34,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, KvtierError
 from kvtier.files import MAX_SECRET_FILE_BYTES, read_bounded
 
 __all__ = [
@@ -92,7 +92,7 @@ class FrameType(enum.IntEnum):
 FLAG_CHECKSUM = 1
 
 
-class ProtocolError(Exception):
+class ProtocolError(KvtierError):
     """The peer sent something this protocol does not allow (bad magic, size, type, field)."""
 
 

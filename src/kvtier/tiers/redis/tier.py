@@ -51,7 +51,7 @@ from kvtier.keys import BlockKey
 from kvtier.numbers import TTL_SECONDS, Ranges, check_number, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
-from kvtier.tiers.redis.wire import BulkReader, send_vectored
+from kvtier.tiers.redis.wire import BulkReader, conn_error_parser, conn_socket, live_socket, send_vectored
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import (
     ErrorMap,
@@ -245,10 +245,9 @@ class RedisTier(RemoteTier):
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         def send(conn: Any) -> None:
-            if conn._sock is None:
-                conn.connect()
+            sock = live_socket(conn)
             for pieces in self._set_commands(items):
-                send_vectored(conn._sock, pieces)
+                send_vectored(sock, pieces)
 
         replies = self._exchange(client, route, send, len(items))
         done = [key for (key, _), r in zip(items, replies, strict=True) if not isinstance(r, Exception)]
@@ -288,7 +287,7 @@ class RedisTier(RemoteTier):
         slot = -1
         try:
             conn.send_packed_command([packed], check_health=False)
-            reader = BulkReader(conn._sock, conn._parser.parse_error)
+            reader = BulkReader(live_socket(conn), conn_error_parser(conn))
             for key, slot in items:
                 reply = reader.value(functools.partial(self._receive_sized, key, slot))
                 if reply is None:
@@ -362,7 +361,7 @@ class RedisTier(RemoteTier):
                 pool = self._conn_pool
             conn = pool.get_connection()
             client.by_route[route] = conn
-        elif conn._sock is not None and not reusable(conn._sock):
+        elif (sock := conn_socket(conn)) is not None and not reusable(sock):
             # The server closed it while this worker did not need it (a restart, its idle
             # `timeout`): reconnect before sending, as redis-py's own pool does, instead of
             # failing the next job on a dead socket. The send below connects again. Each exchange

@@ -44,7 +44,36 @@ import redis.exceptions as rx
 
 from kvtier.tiers.remote.sockio import send_pieces
 
-__all__ = ["BulkReader", "send_vectored"]
+__all__ = ["REDIS_PY_RANGE", "BulkReader", "conn_error_parser", "conn_socket", "live_socket", "send_vectored"]
+
+#: The redis-py releases whose ``Connection`` internals this module reads (``_sock``: the connected
+#: socket; ``_parser.parse_error``: error reply -> exception). redis-py has no public way to reach
+#: either, and the zero-copy paths need both. ``pyproject.toml`` pins the same range and
+#: ``tests/unit/test_redis_internals.py`` fails when a release moves them: widen both together.
+REDIS_PY_RANGE = ">=5.0,<9"
+
+
+def conn_socket(conn: Any) -> socket.socket | None:
+    """The socket of a redis-py ``Connection`` (``None`` until it connects)."""
+    sock: socket.socket | None = conn._sock
+    return sock
+
+
+def live_socket(conn: Any) -> socket.socket:
+    """The socket of a redis-py ``Connection``, connecting it first when it is not connected."""
+    if conn_socket(conn) is None:
+        conn.connect()
+    sock = conn_socket(conn)
+    if sock is None:  # connect() raises when it cannot connect; this is a redis-py that moved _sock
+        raise rx.ConnectionError("redis-py Connection has no _sock after connect (see REDIS_PY_RANGE)")
+    return sock
+
+
+def conn_error_parser(conn: Any) -> Callable[[str], Exception]:
+    """redis-py's own mapping of an error reply (``"ERR ..."``) to its exception class."""
+    parse: Callable[[str], Exception] = conn._parser.parse_error
+    return parse
+
 
 #: ``receive(size, read_into) -> bool``: consume exactly ``size`` bytes through ``read_into``.
 Receive = Callable[[int, Callable[[memoryview], int]], bool]

@@ -62,6 +62,18 @@ def test_every_extra_has_code_that_uses_it(extra: str) -> None:
         )
 
 
+def test_install_hints_name_the_extra_that_installs_the_module() -> None:
+    """``kvtier.errors.install_hint`` tells a user which extra to install: each module it knows is
+    brought by a requirement of that very extra."""
+    from kvtier.errors import EXTRA_OF_MODULE
+
+    for module, extra in EXTRA_OF_MODULE.items():
+        assert extra in EXTRAS, (module, extra)
+        brought = {IMPORT_NAME.get(_name(r)) for r in EXTRAS[extra]}
+        # botocore comes with boto3 (the s3 extra's requirement), not as a requirement of its own.
+        assert module in brought or (module, extra) == ("botocore", "s3"), (module, extra, brought)
+
+
 def test_all_holds_every_extra_the_test_suite_needs() -> None:
     (spec,) = EXTRAS["all"]
     included = set(re.fullmatch(r"kvtier\[(.*)\]", spec)[1].split(","))  # type: ignore[index]
