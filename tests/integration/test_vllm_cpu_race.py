@@ -44,30 +44,32 @@ SIZED_PRIMARY_CHUNKS = MAX_NUM_SEQS * (FULL_BLOCKS + 1)
 PROMPTS = [prompt(seed, TOKENS) for seed in (11, 12, 13)]
 
 
-def _steps() -> list[dict[str, Any]]:
-    """Each prompt alone, its stores settled into the fs tier; counters; both of vLLM's caches reset;
-    the three prompts at once (one ``llm.generate``: the scheduler runs them in the same steps);
-    counters."""
+def _steps(batches: int) -> list[dict[str, Any]]:
+    """Each prompt alone, its stores settled into the fs tier; counters; then ``batches`` times: both
+    of vLLM's caches reset, the three prompts at once (one ``llm.generate``: the scheduler runs them
+    in the same steps), counters."""
     steps: list[dict[str, Any]] = []
     for ids in PROMPTS:
         steps += [{"op": "generate", "prompts": [ids]}, {"op": "settle"}]
-    steps += [
-        {"op": "stats"},
-        {"op": "reset", "connector": True},
-        {"op": "generate_batch", "prompts": PROMPTS},
-        {"op": "settle"},
-        {"op": "stats"},
-    ]
+    steps.append({"op": "stats"})
+    for _ in range(batches):
+        steps += [
+            {"op": "reset", "connector": True},
+            {"op": "generate_batch", "prompts": PROMPTS},
+            {"op": "settle"},
+            {"op": "stats"},
+        ]
     return steps
 
 
 class Run:
-    """One engine process: the batch's results and kvtier's fs-tier counters before and after it."""
+    """One engine process: the first batch's results and the fs tier's counters before and after it
+    (``batches`` lists every batch's, ``counters`` the counters after each)."""
 
-    def __init__(self, results: list[dict[str, Any]]) -> None:
-        before, after = (s["result"]["tiers"]["kvtier-fs"] for s in results if s["op"] == "stats")
-        (batch,) = (s["result"] for s in results if s["op"] == "generate_batch")
-        self.before, self.after, self.batch = before, after, batch
+    def __init__(self, results: list[dict[str, Any]], tier: str = "kvtier-fs") -> None:
+        self.counters = [s["result"]["tiers"][tier] for s in results if s["op"] == "stats"]
+        self.batches = [s["result"] for s in results if s["op"] == "generate_batch"]
+        self.before, self.after, self.batch = self.counters[0], self.counters[1], self.batches[0]
         self.alone = [r for s in results if s["op"] == "generate" for r in s["result"]]
 
     @property
@@ -83,7 +85,7 @@ class Run:
 
 
 def _run(tmp: Path, model: Path, primary_chunks: int) -> Run:
-    extra = {
+    extra: dict[str, Any] = {
         "spec_name": "KvtierCPUTieringSpec",
         "spec_module_path": "kvtier.integrations.vllm",
         "cpu_bytes_to_use": primary_chunks * CHUNK_BYTES,
@@ -97,13 +99,17 @@ def _run(tmp: Path, model: Path, primary_chunks: int) -> Run:
             }
         ],
     }
+    return Run(_drive(tmp, model, extra, 1))
+
+
+def _drive(tmp: Path, model: Path, extra: dict[str, Any], batches: int) -> list[dict[str, Any]]:
     scenario = {
         "model": str(model),
         "engine": {"kv_transfer_config": kv_config(extra, f"kvtier-race-{uuid.uuid4().hex[:12]}")},
-        "steps": _steps(),
+        "steps": _steps(batches),
     }
     results, _log = run_driver(scenario, tmp)
-    return Run(results)
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +127,21 @@ def sized(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _run(tmp_path_factory.mktemp("race-sized"), model, SIZED_PRIMARY_CHUNKS)
 
 
-@pytest.mark.parametrize("which", ["small", "sized"])
+@pytest.fixture(scope="module")
+def kvtier_spec(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """kvtier's whole engine as vLLM's manager (``KvtierCPUOffloadingSpec``), the same small primary,
+    two batches (before kvtier held a waiting request's blocks, the second one lost them)."""
+    tmp = tmp_path_factory.mktemp("race-kvtier-spec")
+    extra = {
+        "spec_name": "KvtierCPUOffloadingSpec",
+        "spec_module_path": "kvtier.integrations.vllm",
+        "cpu_bytes_to_use": SMALL_PRIMARY_CHUNKS * CHUNK_BYTES,
+        "kvtier": {"secondary_tiers": [{"type": "fs", "root_dir": str(tmp / "fs"), "max_bytes": "1GiB"}]},
+    }
+    return Run(_drive(tmp, model, extra, 2), tier="fs0")
+
+
+@pytest.mark.parametrize("which", ["small", "sized", "kvtier_spec"])
 def test_every_prompt_reaches_the_tier_once_settled(which: str, request: pytest.FixtureRequest) -> None:
     """One prompt at a time, each settled: all three prompts' blocks are in kvtier's fs tier, even with
     a primary that holds one. (A ``reset`` while a request's GPU->primary store is still in flight drops
@@ -157,3 +177,14 @@ def test_sized_primary_kvtier_loads_are_the_blocks_vllm_used(sized: Run) -> None
     assert cached == [FULL_BLOCKS * BLOCK_TOKENS] * len(PROMPTS), cached
     assert sized.loads == sized.used == len(PROMPTS) * FULL_BLOCKS, (sized.loads, sized.used)
     assert sized.after["failed_jobs"] == sized.before["failed_jobs"]
+
+
+def test_kvtier_spec_small_primary_every_block_it_loads_is_used(kvtier_spec: Run) -> None:
+    """kvtier's own engine under the same pressure: it serves what fits (its promotion budget caps a
+    request's promotions at once, so a partial prefix), and every block its fs tier loads for a batch
+    is one vLLM used (a waiting request holds its promoted blocks until it is admitted)."""
+    for i, batch in enumerate(kvtier_spec.batches):
+        loads = kvtier_spec.counters[i + 1]["loads"] - kvtier_spec.counters[i]["loads"]
+        used = sum(r["num_cached_tokens"] for r in batch) // BLOCK_TOKENS
+        assert used > 0, f"batch {i}: nothing served from the tier"
+        assert loads == used, f"batch {i}: kvtier loaded {loads} blocks, vLLM used {used}"
