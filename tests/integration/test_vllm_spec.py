@@ -377,6 +377,37 @@ def test_a_hit_stays_loadable_while_a_later_chunk_asks_for_a_promotion(tmp_path:
         assert s.lookup([in_fs]) == [LookupResult.HIT], s.manager.engine.stats()
 
 
+def test_blocks_promoted_for_a_waiting_request_stay_until_it_is_admitted(tmp_path: Path) -> None:
+    """The missed-hit race (docs/vllm.md): a deferred request's promoted blocks are not evicted by
+    another request's store before vLLM rescans and admits it, so each is loaded once and used."""
+    first, second, other = offload_keys(3, salt=b"held")
+    with stack({"secondary_tiers": [fs_tier(tmp_path)]}, chunks=2) as s:
+        s.store([first, second])
+        s.settle()
+        s.reset()  # both only in fs now
+        waiting = s.request()
+        with s.manager.lock:  # the prefix scan starts both promotions: the request is deferred
+            assert [s.manager.lookup(k, waiting) for k in (first, second)] == [LookupResult.HIT_PENDING] * 2
+        s.end_step()
+        s.settle()  # both landed while the request waits for its next scan
+        # Another request's store needs a slot: the waiting request's blocks are not the victims.
+        out = s.store([other])
+        assert out is None or not out.keys_to_store, out
+        with s.manager.lock:
+            assert [s.manager.lookup(k, waiting) for k in (first, second)] == [LookupResult.HIT] * 2
+            spec = s.manager.prepare_load([first, second], waiting)
+        rows = s.worker.call("load", spec.block_ids)
+        assert all(np.array_equal(r, payload(k)) for r, k in zip(rows, (first, second), strict=True))
+        with s.manager.lock:
+            s.manager.complete_load({first, second}, waiting)
+            s.manager.on_request_finished(waiting)
+        s.end_step([waiting.req_id])
+        assert s.manager.engine.stats()["promotions"] == 2, s.manager.engine.stats()
+        # Admitted and done: its blocks are evictable again, so the other request's store fits now.
+        out = s.store([other])
+        assert out is not None and list(out.keys_to_store) == [other]
+
+
 def test_reset_keeps_chunks_of_transfers_in_flight_until_the_workers_are_done(tmp_path: Path) -> None:
     keys = offload_keys(2, salt=b"fence")
     with stack({}, chunks=2) as s:

@@ -11,10 +11,14 @@ a list of steps:
 
 * ``{"op": "generate", "prompts": [[token ids], ...], "max_tokens": 1}`` -> per prompt: seconds,
   ``num_cached_tokens``, sampled ids and the top-5 logprobs of the first token;
+* ``{"op": "generate_batch", "prompts": [...], "max_tokens": 1}`` -> the same per prompt, but all
+  prompts submitted in one ``llm.generate`` call, so the scheduler runs them concurrently (their
+  lookups, promotions and stores interleave in the same engine steps); ``seconds`` is the batch's;
 * ``{"op": "reset", "connector": true}`` -> vLLM's ``reset_prefix_cache``: the GPU-side prefix cache
   and, with ``connector``, vLLM's CPU primary tier (secondary tiers keep their blocks);
-* ``{"op": "settle"}`` -> wait (at most 30 s) until the offloading manager has no transfer in flight,
-  stepping the idle engine as vLLM's engine loop does while ``has_pending_work``; the seconds it took;
+* ``{"op": "settle"}`` -> wait (at most 30 s) until the offloading connector has no transfer in
+  flight (its GPU->primary store jobs included, not only the manager's tier jobs), stepping the idle
+  engine as vLLM's engine loop does while ``has_pending_push_work``; the seconds it took;
 * ``{"op": "stats"}`` -> kvtier's counters, read from the scheduler's offloading manager (the engine
   core runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``).
 
@@ -58,11 +62,24 @@ def kvtier_stats(llm: Any) -> dict[str, Any]:
     return out
 
 
+def _pending(llm: Any) -> bool:
+    """Whether the offloading connector still has a transfer in flight.
+
+    The connector's own ``has_pending_push_work`` (what vLLM's engine loop asks) covers the
+    GPU->primary store jobs of requests that already returned: their ``complete_store``, and so the
+    cascade to the secondary tiers, only runs at a later engine step. The manager's
+    ``has_pending_work`` alone misses them, and a ``reset`` then drops those stores unseen.
+    """
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler.connector.connector_scheduler
+    if hasattr(scheduler, "has_pending_push_work"):
+        return bool(scheduler.has_pending_push_work())
+    return bool(scheduler.manager.has_pending_work())
+
+
 def settle(llm: Any, limit: float = 30.0) -> float:
-    """Seconds until the manager reports no pending work (a tier's store cascade finished)."""
-    manager = _manager(llm)
+    """Seconds until the connector reports no pending work (stores and their cascades finished)."""
     start = time.perf_counter()
-    while manager.has_pending_work():
+    while _pending(llm):
         if time.perf_counter() - start > limit:
             raise TimeoutError(f"offloading manager still busy after {limit} s")
         # An engine step with no request: vLLM's engine core keeps stepping while the connector has
@@ -72,24 +89,31 @@ def settle(llm: Any, limit: float = 30.0) -> float:
     return time.perf_counter() - start
 
 
-def generate(llm: Any, step: dict[str, Any]) -> list[dict[str, Any]]:
+def _result(out: Any, seconds: float) -> dict[str, Any]:
+    first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
+    return {
+        "seconds": seconds,
+        "num_cached_tokens": int(out.num_cached_tokens or 0),
+        "token_ids": list(out.outputs[0].token_ids),
+        "logprobs": {str(t): float(lp.logprob) for t, lp in first.items()},
+    }
+
+
+def generate(llm: Any, step: dict[str, Any], *, batch: bool = False) -> list[dict[str, Any]]:
+    """One result per prompt; ``batch`` submits them in one call (scheduled concurrently)."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=int(step.get("max_tokens", 1)), temperature=0.0, logprobs=5)
+    if batch:
+        start = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in step["prompts"]], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return [_result(out, seconds) for out in outs]
     results = []
     for ids in step["prompts"]:
         start = time.perf_counter()
         (out,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
-        results.append(
-            {
-                "seconds": seconds,
-                "num_cached_tokens": int(out.num_cached_tokens or 0),
-                "token_ids": list(out.outputs[0].token_ids),
-                "logprobs": {str(t): float(lp.logprob) for t, lp in first.items()},
-            }
-        )
+        results.append(_result(out, time.perf_counter() - start))
     return results
 
 
@@ -118,6 +142,8 @@ def main(path: str) -> None:
             op = step["op"]
             if op == "generate":
                 result: Any = generate(llm, step)
+            elif op == "generate_batch":
+                result = generate(llm, step, batch=True)
             elif op == "reset":
                 result = bool(llm.reset_prefix_cache(reset_connector=bool(step.get("connector", True))))
             elif op == "settle":

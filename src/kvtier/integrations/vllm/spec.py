@@ -179,9 +179,19 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         # hits (prepare_load) only after its last lookup, so a promotion started by a later chunk's
         # lookup must not evict an earlier chunk it was just told is a HIT.
         self._step_pins: list[LoadHandle] = []
+        # A waiting request keeps what it was told is there until it is admitted: vLLM rescans a
+        # deferred request's prefix each step and pins its hits only at admission (prepare_load), so
+        # without this hold another request's promotion or store evicts blocks promoted for it (the
+        # tier loads them again, or the request is admitted without them and recomputes: the
+        # "missed hit", docs/vllm.md). Keys: req_id -> block -> its pin; awaited: block whose
+        # promotion a request is waiting for -> those requests (pinned the step it lands).
+        self._held: dict[str, dict[bytes, LoadHandle]] = {}
+        self._awaited: dict[bytes, set[str]] = {}
+        self._landed: list[EngineEvent] = []
         self._log: list[EngineEvent] = []
         self._closed = False
         engine.subscribe(self._log.append)
+        engine.subscribe(self._note_landed)
 
     # -- requests, lookups -------------------------------------------------------------------
     def on_new_request(self, req_context: Any) -> RequestOffloadingContext:
@@ -192,12 +202,59 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
 
         vLLM asks one chunk at a time; a chunk found in a secondary tier starts its promotion here
         (one job per chunk) unless admission refuses it (budget, cost gate), and answers
-        HIT_PENDING: vLLM then asks again on a later step. A HIT is pinned until the step ends.
+        HIT_PENDING: vLLM then asks again on a later step. A HIT is pinned for the request until it is
+        admitted (its ``prepare_load`` or first ``prepare_store``) or finishes, and a block it waits
+        for is pinned for it the step its promotion lands; without a request id, until the step ends.
         """
         answer = _LOOKUP[self.engine.lookup([BlockKey(key)]).codes[0]]
+        self._hold_promoted()
+        req_id = getattr(req_context, "req_id", None)
+        if req_id is None:
+            if answer is LookupResult.HIT:
+                self._step_pins.append(self.engine.prepare_load([BlockKey(key)]))
+            return answer
         if answer is LookupResult.HIT:
-            self._step_pins.append(self.engine.prepare_load([BlockKey(key)]))
+            held = self._held.setdefault(req_id, {})
+            if bytes(key) not in held:
+                held[bytes(key)] = self.engine.prepare_load([BlockKey(key)])
+        elif answer is LookupResult.HIT_PENDING:
+            self._awaited.setdefault(bytes(key), set()).add(req_id)
         return answer
+
+    def _note_landed(self, event: EngineEvent) -> None:
+        # Called from inside the engine: only note it; the pins are taken outside (_hold_promoted).
+        if event.kind == "promoted" and self._awaited:
+            self._landed.append(event)
+
+    def _hold_promoted(self) -> None:
+        """Pin each block that landed since the last call for the requests waiting for it."""
+        landed, self._landed = self._landed, []
+        for e in landed:
+            for key in e.keys:
+                for req_id in self._awaited.pop(bytes(key), ()):
+                    held = self._held.setdefault(req_id, {})
+                    if bytes(key) not in held:
+                        held[bytes(key)] = self.engine.prepare_load([BlockKey(key)])
+
+    def _release_request(self, req_id: str | None) -> None:
+        """The request was admitted or finished: its lookup holds go (its loads pin what it uses)."""
+        if req_id is None:
+            return
+        for handle in self._held.pop(req_id, {}).values():
+            self.engine.complete_load(handle)
+        if self._awaited:
+            for key in [k for k, reqs in self._awaited.items() if req_id in reqs]:
+                self._awaited[key].discard(req_id)
+                if not self._awaited[key]:
+                    del self._awaited[key]
+
+    def _release_all_requests(self) -> None:
+        for req_id in list(self._held):
+            self._release_request(req_id)
+        self._awaited.clear()
+
+    def on_request_finished(self, req_context: Any) -> None:
+        self._release_request(getattr(req_context, "req_id", None))
 
     def get_load_source(self, key: OffloadKey, req_context: Any) -> CacheHitSource:
         # Only blocks already in the primary (host) tier are ever loaded to the GPU.
@@ -207,6 +264,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
     def prepare_load(self, keys: Collection[OffloadKey], req_context: Any) -> CPULoadStoreSpec:
         handle = self.engine.prepare_load(_ours(keys))
         self._loads.setdefault(frozenset(handle.keys), []).append(handle)
+        # The load pins what the request uses: its lookup holds can go now.
+        self._release_request(getattr(req_context, "req_id", None))
         return CPULoadStoreSpec(handle.slots)
 
     def touch(self, keys: Collection[OffloadKey], req_context: Any) -> None:
@@ -229,6 +288,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         did not fit in a partial reservation are left out of ``keys_to_store`` (counted in the
         engine's ``dropped_stores``).
         """
+        # A request that stores was admitted: what it held while waiting is evictable again.
+        self._release_request(getattr(req_context, "req_id", None))
         mark = len(self._log)
         handle = self.engine.prepare_store(_ours(keys))
         new = self._log[mark:]
@@ -264,6 +325,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         stored blocks unpin)."""
         self._release_step_pins()
         self.engine.poll()
+        self._hold_promoted()
         if not self._enable_events:
             del self._log[:]
 
@@ -275,6 +337,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
     def has_pending_work(self) -> bool:
         """True while a tier job is in flight, so vLLM keeps stepping (and polling) when idle."""
         self.engine.poll()
+        self._hold_promoted()
         return self.engine.inflight_jobs > 0
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -298,6 +361,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         may still copy into their chunks until ``on_reset_flushed``, so those slots stay reserved.
         """
         self._release_step_pins()  # reset_cache never runs inside a step (scheduler.py 2401-2407)
+        self._release_all_requests()
+        self._landed.clear()
         for book in (self._stores, self._loads):
             for handles in book.values():
                 self._fenced.extend(handles)
@@ -340,6 +405,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._loads.clear()
             self._fenced.clear()
             self._step_pins.clear()
+            self._held.clear()
+            self._awaited.clear()
             # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
             # cleanup keeps a mapping that still has exports, so let them go first.
             del self.engine
