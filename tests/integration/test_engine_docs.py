@@ -25,8 +25,9 @@ ROOT = HERE.parents[1]
 
 
 def commands(doc: str, program: str) -> list[list[str]]:
-    """The command lines of ``doc`` that start with ``program`` (a doc of one engine has no other)."""
-    text = (ROOT / doc).read_text()
+    """The command lines of ``doc`` that start with ``program`` (a doc of one engine has no other but
+    its "try it here" block, which tests/cli/test_cli_try_it.py runs)."""
+    text = re.sub(r"<!-- try-it -->\n```bash\n.*?```", "", (ROOT / doc).read_text(), flags=re.S)
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     lines = [ln for b in blocks for ln in b.splitlines() if ln.strip()]
     if doc.startswith("docs/"):

@@ -386,19 +386,19 @@ def test_blocks_promoted_for_a_waiting_request_stay_until_it_is_admitted(tmp_pat
         s.settle()
         s.reset()  # both only in fs now
         waiting = s.request()
-        with s.manager.lock:  # the prefix scan starts both promotions: the request is deferred
+        with manager_lock(s.manager):  # the prefix scan starts both promotions: the request is deferred
             assert [s.manager.lookup(k, waiting) for k in (first, second)] == [LookupResult.HIT_PENDING] * 2
         s.end_step()
         s.settle()  # both landed while the request waits for its next scan
         # Another request's store needs a slot: the waiting request's blocks are not the victims.
         out = s.store([other])
         assert out is None or not out.keys_to_store, out
-        with s.manager.lock:
+        with manager_lock(s.manager):
             assert [s.manager.lookup(k, waiting) for k in (first, second)] == [LookupResult.HIT] * 2
             spec = s.manager.prepare_load([first, second], waiting)
         rows = s.worker.call("load", spec.block_ids)
         assert all(np.array_equal(r, payload(k)) for r, k in zip(rows, (first, second), strict=True))
-        with s.manager.lock:
+        with manager_lock(s.manager):
             s.manager.complete_load({first, second}, waiting)
             s.manager.on_request_finished(waiting)
         s.end_step([waiting.req_id])

@@ -173,6 +173,8 @@ class EngineCollector:
         ):  # fmt: skip
             out[name] = made.family(BY_NAME[name], [(tier, c[key]) for tier, c in tiers.items()])
         for fam in SECONDARY_FAMILIES:
+            if fam.name in out:
+                continue  # already built above with the primary tier's sample (corrupt, failed jobs)
             field = fam.fields[0].removeprefix("tiers.*.")
             out[fam.name] = made.per_tier(fam, {n: getattr(t, field) for n, t in s.tiers.items()})
         p = s.primary
