@@ -134,26 +134,33 @@ def encode_header(key: bytes, payload_len: int, checksum: int, ns_tag: int, alig
 
 
 class HeaderMaker:
-    """Unpadded headers (``align`` 1) for payloads of ``payload_len`` bytes in namespace ``ns_tag``:
-    the per-block step of a tier's hot loop, the same bytes as :func:`encode_header` of
-    :func:`payload_checksum` in a third of the calls (the seed's tail is computed once).
+    """Headers padded to a multiple of ``align`` for payloads of ``payload_len`` bytes in namespace
+    ``ns_tag``: the per-block step of a tier's hot loop, the same bytes as :func:`encode_header` of
+    :func:`payload_checksum` in a third of the calls (the seed's tail is computed once, the padding
+    once per key length).
 
     ``maker(key, payload)`` returns the header of ``payload`` under ``key``; ``payload`` must be
     exactly ``payload_len`` bytes (a C-contiguous buffer; it is read once, never copied), and
     ``key`` at most :data:`MAX_KEY_LEN` bytes.
     """
 
-    __slots__ = ("_tail", "ns_tag", "payload_len")
+    __slots__ = ("_pads", "_tail", "align", "ns_tag", "payload_len")
 
-    def __init__(self, ns_tag: int, payload_len: int) -> None:
+    def __init__(self, ns_tag: int, payload_len: int, align: int = 1) -> None:
         self.ns_tag = ns_tag
         self.payload_len = payload_len
+        self.align = align
         self._tail = _seed_tail(ns_tag, payload_len)
+        self._pads: dict[int, tuple[int, bytes]] = {}  # key length -> (header length, padding)
 
     def __call__(self, key: bytes, payload: bytes | memoryview | bytearray) -> bytes:
         seed = xxhash.xxh3_64_intdigest(key + self._tail)
         checksum = xxhash.xxh3_64_intdigest(payload, seed=seed)
-        return _pack(key, FIXED_HEADER_SIZE + len(key), self.payload_len, self.ns_tag, checksum)
+        pad = self._pads.get(len(key))
+        if pad is None:
+            hlen = header_size(len(key), self.align)
+            pad = self._pads[len(key)] = (hlen, bytes(hlen - FIXED_HEADER_SIZE - len(key)))
+        return _pack(key, pad[0], self.payload_len, self.ns_tag, checksum) + pad[1]
 
 
 def encode(key: bytes, payload: bytes | memoryview | bytearray, *, ns_tag: int, align: int = 1) -> bytes:
