@@ -4,7 +4,7 @@ A one-block store job of a few KiB costs more in hand-offs than in I/O: a worker
 a ``pwritev``, an index append and several trips through the tier's lock, each per job. Jobs of at
 most ``batch_blocks`` blocks are therefore queued here instead of each getting a task: a submission
 starts a *flusher* task only while fewer than ``flushers`` run; a flusher takes every queued job
-(up to ``max_blocks`` blocks), writes them as one batch
+(up to 64 blocks and 4 MiB), writes them as one batch
 (:meth:`~kvtier.tiers.fs.segments.SegmentStore.write_jobs`: one ``pwritev`` and one index append
 per segment), settles them in one trip through the tier's lock, and loops until the queue is empty.
 A lone job still starts a flusher at once (no waiting for company); jobs that arrive while the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 
-__all__ = ["FLUSHERS", "MAX_BATCH_BLOCKS", "StoreQueue"]
+__all__ = ["FLUSHERS", "MAX_BATCH_BLOCKS", "MAX_BATCH_BYTES", "StoreQueue"]
 
 #: Flusher tasks writing queued jobs at once (the fs tier's choice). The writes of one segment
 #: serialise in the kernel (one file), so more flushers add lock and GIL hand-offs, not throughput:
@@ -31,6 +31,9 @@ FLUSHERS = 1
 
 #: Most blocks one batch writes (bounds a batch's latency and its iovec).
 MAX_BATCH_BLOCKS = 64
+#: Most payload bytes one batch writes (the fs tier's bound, with ``MAX_BATCH_BLOCKS``): one
+#: ``pwritev`` of a few MiB, whatever ``small_block_bytes`` says (1, 4 and 0.25 MiB measured alike).
+MAX_BATCH_BYTES = 4 << 20
 
 
 class StoreQueue:
@@ -40,7 +43,8 @@ class StoreQueue:
         write: writes a batch of jobs, one outcome each (``SegmentStore.write_jobs``).
         settle: records the outcomes and reports the jobs (tier lock taken inside; once a batch).
         flushers: most flusher tasks running at once.
-        max_blocks: most blocks per batch.
+        block_bytes: payload bytes per block (a batch holds at most ``max_bytes`` of them).
+        max_blocks: most blocks per batch. max_bytes: most payload bytes per batch.
         on_error: told of an exception ``settle`` raised (a bug; the flusher goes on).
     """
 
@@ -50,14 +54,16 @@ class StoreQueue:
         settle: Callable[[list[tuple[JobState, ChunkOutcome]]], None],
         *,
         flushers: int,
+        block_bytes: int = 1,
         max_blocks: int = MAX_BATCH_BLOCKS,
+        max_bytes: int = MAX_BATCH_BYTES,
         on_error: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
         self._on_error = on_error
         self._write = write
         self._settle = settle
         self.flushers = max(1, flushers)
-        self.max_blocks = max(1, max_blocks)
+        self.max_blocks = max(1, min(max_blocks, max_bytes // max(block_bytes, 1)))
         self._lock = threading.Lock()
         self._queue: collections.deque[JobState] = collections.deque()
         self._running = 0

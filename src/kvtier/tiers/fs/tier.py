@@ -285,11 +285,11 @@ class FsTier(AsyncTier):
             except BaseException:
                 self.accounting.close()
                 raise
-        #: Small store jobs written in batches (the small-block path only).
+        #: Small store jobs written in batches (small-block path only).
         self._small_jobs: StoreQueue | None = None
         if self.segments is not None:
             self._small_jobs = StoreQueue(
-                self._store_small, self._settle_small, flushers=FLUSHERS,
+                self._store_small, self._settle_small, flushers=FLUSHERS, block_bytes=self.block_bytes,
                 on_error=self._settle_failed,
             )  # fmt: skip
         self.accounting.on_events = self._scanner.apply_events
