@@ -285,8 +285,7 @@ class FsTier(AsyncTier):
             except BaseException:
                 self.accounting.close()
                 raise
-        #: Small store jobs written in batches (small-block path only).
-        self._small_jobs: StoreQueue | None = None
+        self._small_jobs: StoreQueue | None = None  #: small store jobs, written in batches
         if self.segments is not None:
             self._small_jobs = StoreQueue(
                 self._store_small, self._settle_small, flushers=FLUSHERS, block_bytes=self.block_bytes,
@@ -436,12 +435,13 @@ class FsTier(AsyncTier):
             for state, outcome in outcomes:
                 self._record_locked(state, outcome)
                 state.chunks_left = 0
+                self._abandoned.discard(state.job.job_id)  # as _complete does
                 for key, _ in state.items:
                     storing.discard(key)
                 self._report_locked(state)
 
     def _settle_failed(self, exc: Exception) -> None:
-        self.rlog.warning("settle", f"kvtier {self.name}: unexpected error settling store jobs: {exc!r}")
+        self.rlog.warning("settle", f"kvtier {self.name}: error settling store jobs: {exc!r}")
 
     def _before_load(self, state: JobState) -> None:
         self.index.begin_loads_locked(state.job.keys)
