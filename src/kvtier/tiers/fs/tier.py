@@ -92,6 +92,9 @@ def refuse_striped_options(**given: object) -> None:
             )  # fmt: skip
 
 
+#: Most blocks per load chunk when loads go through the batched reader (:mod:`.batchread`).
+_BATCHED_LOAD_BLOCKS = 64
+
 log = logging.getLogger("kvtier.tiers.fs")
 
 
@@ -257,6 +260,10 @@ class FsTier(AsyncTier):
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
             record_access=self.record_access, direct_io=self.read_direct,
         )  # fmt: skip
+        if self._load.batched:
+            # One GIL hand-off per chunk: a load is spread over the threads in as few chunks as
+            # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
+            self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
         self._scanner = TreeScanner(
             parts, dirs=self.shard_dirs, max_bytes=self.max_bytes, new_policy=self._new_policy,
             make_room=self._store.make_room, refresh_interval=self.refresh_interval,
@@ -430,6 +437,7 @@ class FsTier(AsyncTier):
         """The caller gave job ``job_id`` up (its deadline passed): chunks of it not yet reading
         skip their reads, so no slot the engine may reuse is written. Its report still comes."""
         self._abandoned.add(job_id)
+        self._load.note_abandon()
 
     def responsive(self, timeout: float) -> bool:
         """Whether this tier's lock can be taken within ``timeout`` s. A worker holds it across a
