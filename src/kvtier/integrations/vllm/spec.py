@@ -36,7 +36,6 @@ Importing this module imports vLLM (the ``vllm`` install).
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
@@ -59,6 +58,7 @@ from kvtier.config import load_config
 from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
 from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
 
@@ -413,9 +413,9 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._held.clear()
             self._awaited.clear()
             # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
-            # cleanup keeps a mapping that still has exports, so let them go first.
+            # cleanup keeps a mapping that still has exports, so let them go first (frozen too).
             del self.engine
-            gc.collect()
+            collect_cycles()
             if self._region is not None:
                 with contextlib.suppress(Exception):
                     self._region.cleanup()
