@@ -42,7 +42,7 @@ def raw_client() -> Any:
 
 def engine_config(prefix: str, **top: Any) -> dict[str, Any]:
     opts = obj_options(Path(prefix))
-    opts["prefix"] = prefix
+    opts["key_prefix"] = prefix
     return {
         "block_bytes": BLOCK,
         "cpu_bytes_to_use": 16 * BLOCK,
@@ -198,7 +198,7 @@ def test_max_bytes_deletes_the_oldest_objects(tmp_path: Path) -> None:
     size = 65536  # the object is the payload alone (the header rides in metadata)
     tier = ObjTier(
         primary_kv_view=primary.view, context=primary.context("obj"),
-        **obj_options(tmp_path, max_bytes=4 * size, io_threads=1),
+        **obj_options(tmp_path, max_bytes=4 * size, threads=1),
     )  # fmt: skip
     try:
         keys = [BlockKey(f"cap{i}".encode()) for i in range(6)]

@@ -134,7 +134,7 @@ def _obj(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
     monkeypatch.setenv("KVTIER_TEST_VLLM_S3_KEY", s3["access_key_id"])
     monkeypatch.setenv("KVTIER_TEST_VLLM_S3_SECRET", s3["secret_access_key"])
     return remote_entry(
-        "obj", bucket="kvtier-tests", prefix=_prefix(request), endpoint_url=s3["endpoint_url"],
+        "obj", bucket="kvtier-tests", key_prefix=_prefix(request), endpoint_url=s3["endpoint_url"],
         region="us-east-1", addressing_style="path", create_bucket=True,
         access_key_env="KVTIER_TEST_VLLM_S3_KEY", secret_key_env="KVTIER_TEST_VLLM_S3_SECRET",
         **{**FAST, "op_timeout": 3.0},  # a gateway on a loaded 2-core machine answers slowly at first
