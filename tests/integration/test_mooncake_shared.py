@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mooncake_servers import MooncakeStore, loopback_env, mooncake_store, raw_client
+from mooncake_servers import MooncakeStore, loopback_env, raw_client
 from needs import need_module
 
 from kvtier.engine import Engine
@@ -25,8 +25,6 @@ from kvtier.testing import PrimaryBuffer, wait_for_jobs
 need_module("mooncake.store", "mooncake")
 
 from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
-
-__all__ = ["mooncake_store"]  # the module's store fixture
 
 BLOCK = 256 * 1024
 PROC = Path(__file__).with_name("remote_engine_proc.py")

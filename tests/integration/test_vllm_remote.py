@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mooncake_servers import LOOPBACK_ENV, MooncakeStore, mooncake_store
+from mooncake_servers import LOOPBACK_ENV, MooncakeStore
 from needs import need_module
 from remote_servers import CephGateway, RedisCluster, RedisServer, s3_settings
 from vllm_helpers import need_vllm
@@ -30,8 +30,6 @@ from vllm_scenarios import (
 )
 
 need_vllm()
-
-__all__ = ["mooncake_store"]  # the module's mooncake fixture
 
 # Short deadlines so a dead server turns into misses quickly (the tiers' defaults are 1-2 s).
 FAST = {"op_timeout": 0.5, "breaker_reset": 0.5, "negative_ttl": 0.2}
