@@ -129,6 +129,9 @@ class P2PTier(RemoteTier):
         )
         self._where: dict[BlockKey, str] = {}
         self._where_lock = threading.Lock()
+        # No listing to wait for (as the obj tier without one): an unknown key is a MISS at once,
+        # checked with the peers in the background.
+        self.index.warm = True
 
     # -- simulation (kvtier replay --simulate) -----------------------------------------------------
     @classmethod
@@ -179,6 +182,14 @@ class P2PTier(RemoteTier):
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         raise TierError("a p2p tier stores nothing")  # never reached: _before_store holds all
+
+    def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
+        unplaced = [k for k, _ in items if k not in self._where]
+        if unplaced:
+            # Keys held without a known peer (this instance's own stores, which its own server
+            # served while they were resident): ask the directory and the peers where they are now.
+            self._call("", lambda client: self._exists(client, "", unplaced))
+        return super()._load_chunk(state, items)
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         if not route:
