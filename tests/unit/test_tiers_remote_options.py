@@ -138,3 +138,19 @@ def test_every_number_of_every_tier_is_checked_the_same_way(data: st.DataObject)
         assert name not in {"op_timeout", "breaker_failures", "negative_ttl", "index_capacity"}, exc
         return
     assert getattr(kept, name) == good
+
+
+def test_the_factory_suggests_current_names_only() -> None:
+    """A typo is answered with the current key, and old names are not offered as valid ones."""
+    _classes()
+    from kvtier.plugins import create_tier
+    from kvtier.testing import PrimaryBuffer
+
+    primary = PrimaryBuffer.heap(2, 4096, 4096)
+    with pytest.raises(ConfigError) as exc:
+        create_tier({"type": "obj", "bucket": "b", "io_thread": 2}, primary_kv_view=primary.view)
+    line = str(exc.value)
+    assert "did you mean 'io_threads'" not in line
+    accepted = line.split("it accepts: ")[1].split(", ")
+    assert "threads" in accepted and "key_prefix" in accepted
+    assert "io_threads" not in accepted and "prefix" not in accepted

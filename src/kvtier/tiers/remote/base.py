@@ -97,12 +97,15 @@ class RemoteTier(AsyncTier):
     #: The tier's options (subclasses set their own :class:`RemoteOptions` subclass).
     options_class: ClassVar[type[RemoteOptions]] = RemoteOptions
     option_ranges: ClassVar[Ranges] = RemoteOptions.option_ranges()
+    #: Old config keys still accepted (old -> new; the plug-in factory does not suggest them).
+    renamed_options: ClassVar[Mapping[str, str]] = RemoteOptions.renamed
     options: RemoteOptions
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "options_class" in cls.__dict__:
             cls.option_ranges = cls.options_class.option_ranges()
+            cls.renamed_options = cls.options_class.renamed
             setattr(cls, "__signature__", cls.options_class.signature())  # noqa: B010 (mypy: type has none)
         elif "__init__" in cls.__dict__:
             setattr(cls, "__signature__", None)  # noqa: B010 (its own __init__ says what it takes)
