@@ -58,6 +58,8 @@ from kvtier.transfer.workers import Priority
 __all__ = ["RemoteTier", "positive_number"]
 
 Item = tuple[BlockKey, int]
+#: A backend operation on one route's items (``_put``, ``_get``).
+RouteOp = Callable[[Any, str, list[Item]], ChunkOutcome]
 T = TypeVar("T")
 _CHECK_BATCH = 256
 
@@ -373,19 +375,10 @@ class RemoteTier(AsyncTier):
             state.error = state.error or "server unreachable (circuit breaker open)"
 
     def _store_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
-        outcome = self._per_route(items, self._put)
-        if outcome.done:
-            with self._lock:
-                self.index.warm = True
-                self.index.add_many(outcome.done)
-        return outcome
+        return self._transfer(items, self._put)
 
     def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
-        outcome = self._per_route(items, self._get)
-        if outcome.done:
-            with self._lock:
-                self.index.warm = True
-                self.index.add_many(outcome.done)
+        outcome = self._transfer(items, self._get)
         if outcome.error is None and len(outcome.done) < len(items):
             missing = len({k for k, _ in items}) - len(set(outcome.done))
             if missing:
@@ -402,9 +395,17 @@ class RemoteTier(AsyncTier):
                 self.log.debug("kvtier %s: error closing a client", self.name, exc_info=True)
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _per_route(
-        self, items: list[Item], op: Callable[[Any, str, list[Item]], ChunkOutcome]
-    ) -> ChunkOutcome:
+    def _transfer(self, items: list[Item], op: RouteOp) -> ChunkOutcome:
+        """``op`` (``_put`` or ``_get``) per route; the keys it moved are known to be on the server
+        (and the index has heard from it)."""
+        outcome = self._per_route(items, op)
+        if outcome.done:
+            with self._lock:
+                self.index.warm = True
+                self.index.add_many(outcome.done)
+        return outcome
+
+    def _per_route(self, items: list[Item], op: RouteOp) -> ChunkOutcome:
         # The client first: building it may load what routing needs (a Cluster's slot map).
         ready = self._call("", lambda client: client, answered=False)
         if isinstance(ready, TierError):
