@@ -221,10 +221,29 @@ class FsTier(AsyncTier):
         #: Job ids a striped tier gave up on (a set: adds and membership tests are atomic).
         self._abandoned: set[int] = set()
         self._policy_options = dict(policy_options or {})
+        self.accounting = self._open_namespace()
+        self._pick_io(direct_io, read_io)
+        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
+        # exist hold nothing, so lookups there are authoritative MISSes at once.
+        present = self.layout.present_tops()
+        self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
+        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
+        self.shard_dirs = ShardDirs(self.accounting.tree)
+        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+        self._build_paths(parts)
+        #: The small-block path (``None``: one file per block).
+        self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
+        self.accounting.on_events = self._scanner.apply_events
+        self.accounting.on_epoch_change = self._scanner.on_epoch_change
+        self._scanner.start()
+
+    def _open_namespace(self) -> SharedAccounting:
+        """Create the namespace directory and open its shared accounting (``ConfigError`` naming
+        ``root_dir`` when it cannot be written)."""
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         try:
             self.layout.ensure("root_dir")
-            self.accounting = SharedAccounting(
+            return SharedAccounting(
                 self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
                 owners=None if self.shared_root else (os.geteuid(),),
             )  # fmt: skip
@@ -235,6 +254,9 @@ class FsTier(AsyncTier):
                 f"cannot write the namespace directory: {where} ({exc.strerror or exc}); "
                 "choose a writable root_dir or make it writable by this user",
             ) from exc
+
+    def _pick_io(self, direct_io: str, read_io: str) -> None:
+        """Set ``direct_io`` / ``read_direct`` from the options and what the file system takes."""
         probed = (direct_io != "never" or read_io == "direct") and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
@@ -243,13 +265,9 @@ class FsTier(AsyncTier):
             )
         self.direct_io = probed and direct_io != "never"
         self.read_direct = probed and (read_io == "direct" or (read_io == "auto" and self.direct_io))
-        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
-        # exist hold nothing, so lookups there are authoritative MISSes at once.
-        present = self.layout.present_tops()
-        self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
-        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
-        self.shard_dirs = ShardDirs(self.accounting.tree)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+
+    def _build_paths(self, parts: FsParts) -> None:
+        """The store path, the load path and the tree scanner, over the same parts."""
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
             block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
@@ -269,30 +287,26 @@ class FsTier(AsyncTier):
             make_room=self._store.make_room, refresh_interval=self.refresh_interval,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
-        #: The small-block path (``None``: one file per block).
-        self.segments: SegmentStore | None = None
-        if small:
-            try:
-                self.segments = SegmentStore(
-                    parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
-                    full_backoff=self.full_backoff, max_bytes=self.max_bytes,
-                    segment_bytes=seg_cap or 0,
-                    fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
-                    refresh_interval=self.refresh_interval,
-                )  # fmt: skip
-            except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
-                self.accounting.close()
-                raise ConfigError(
-                    "root_dir",
-                    f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
-                    "of yours, not a link: remove it",
-                ) from exc
-            except BaseException:
-                self.accounting.close()
-                raise
-        self.accounting.on_events = self._scanner.apply_events
-        self.accounting.on_epoch_change = self._scanner.on_epoch_change
-        self._scanner.start()
+
+    def _open_segments(self, parts: FsParts, seg_cap: int) -> SegmentStore:
+        """The small-block path's segment store (the accounting is closed if it cannot open)."""
+        try:
+            return SegmentStore(
+                parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
+                full_backoff=self.full_backoff, max_bytes=self.max_bytes, segment_bytes=seg_cap,
+                fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
+                refresh_interval=self.refresh_interval,
+            )  # fmt: skip
+        except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
+            self.accounting.close()
+            raise ConfigError(
+                "root_dir",
+                f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
+                "of yours, not a link: remove it",
+            ) from exc
+        except BaseException:
+            self.accounting.close()
+            raise
 
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
