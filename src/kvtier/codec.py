@@ -46,6 +46,7 @@ __all__ = [
     "MAX_KEY_LEN",
     "BlockHeader",
     "CorruptBlockError",
+    "check_payload_digest",
     "decode",
     "encode",
     "encode_header",
@@ -53,6 +54,7 @@ __all__ = [
     "namespace_tag",
     "parse_header",
     "payload_checksum",
+    "payload_seed_tail",
     "verify_payload",
 ]
 
@@ -176,11 +178,15 @@ def parse_header(
     expected_key: bytes | None = None,
     ns_tag: int | None = None,
     payload_len: int | None = None,
+    header_check: int | None = None,
 ) -> BlockHeader:
     """Parse and check a header at the start of ``buf``.
 
     Checks magic, version, algorithm, ``header_check``, and, when given, the key, namespace tag and
-    payload length. Raises :class:`CorruptBlockError` on any mismatch.
+    payload length. Raises :class:`CorruptBlockError` on any mismatch. ``header_check``: the check
+    value already computed over this header's first 36 bytes and ``expected_key`` (a batched
+    reader computes it where the GIL is not held); used only when the header's key is
+    ``expected_key``, else the check is computed here as always.
     """
     view = memoryview(buf).cast("B")
     if view.nbytes < FIXED_HEADER_SIZE:
@@ -197,7 +203,10 @@ def parse_header(
         raise CorruptBlockError("header", f"header length {hlen} cannot hold a {key_len}-byte key")
     key = view[FIXED_HEADER_SIZE:key_end].tobytes()
     (check,) = _CHECK.unpack_from(view, _FIXED.size)
-    expect = xxhash.xxh3_64_intdigest(view[: _FIXED.size].tobytes() + key) & 0xFFFFFFFF
+    if header_check is not None and key == expected_key:
+        expect = header_check
+    else:
+        expect = xxhash.xxh3_64_intdigest(view[: _FIXED.size].tobytes() + key) & 0xFFFFFFFF
     if check != expect:
         raise CorruptBlockError("header", "header checksum mismatch")
     if expected_key is not None and key != expected_key:
@@ -214,8 +223,20 @@ def verify_payload(header: BlockHeader, payload: bytes | memoryview | bytearray)
     view = memoryview(payload).cast("B")
     if view.nbytes != header.payload_len:
         raise CorruptBlockError("length", f"payload is {view.nbytes} bytes, header says {header.payload_len}")
-    if payload_checksum(header.key, header.namespace_tag, view) != header.checksum:
+    check_payload_digest(header, payload_checksum(header.key, header.namespace_tag, view))
+
+
+def check_payload_digest(header: BlockHeader, digest: int) -> None:
+    """Raise :class:`CorruptBlockError` unless ``digest`` (the payload's xxh3-64 under this header's
+    seed, computed by the caller) is the header's checksum: :func:`verify_payload` for a caller that
+    already hashed the payload it just read."""
+    if digest != header.checksum:
         raise CorruptBlockError("checksum", "payload checksum mismatch")
+
+
+def payload_seed_tail(ns_tag: int, payload_len: int) -> bytes:
+    """The bytes appended to a key before hashing it into the payload checksum's seed."""
+    return _seed_tail(ns_tag, payload_len)
 
 
 def decode(

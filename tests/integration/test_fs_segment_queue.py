@@ -123,14 +123,16 @@ def test_every_put_job_is_settled_once_in_bounded_batches(
             with lock:
                 running[0] -= 1
 
-    def settle(pairs: list[tuple[JobState, ChunkOutcome]]) -> None:
-        with lock:
-            for state, outcome in pairs:
-                state.ok.update(outcome.done)
-                state.error = outcome.error
-                settled.append(state)
+    settle_lock = threading.Lock()
 
-    queue = StoreQueue(write, settle, flushers=flushers, max_blocks=max_blocks)
+    def settle(state: JobState, outcome: ChunkOutcome) -> None:
+        assert settle_lock.locked()  # the queue holds the lock it was given around every settle
+        with lock:
+            state.ok.update(outcome.done)
+            state.error = outcome.error
+            settled.append(state)
+
+    queue = StoreQueue(write, settle, lock=settle_lock, flushers=flushers, max_blocks=max_blocks)
     states = []
     for i, n in enumerate(sizes):
         keys = [BlockKey(f"{i}/{j}".encode()) for j in range(n)]

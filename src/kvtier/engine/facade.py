@@ -479,6 +479,19 @@ class Engine:
 
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property
+    def coalesce_promotions(self) -> bool:
+        """Whether promotions wait for the next poll/drain/close, then go out as one job per tier and
+        request (for callers asking one key at a time, polling once per step). Off by default."""
+        return self.jobs.coalesce_promotions
+
+    @coalesce_promotions.setter
+    def coalesce_promotions(self, value: bool) -> None:
+        with self._lock:
+            self.jobs.coalesce_promotions = bool(value)
+            if not value:
+                self.jobs.flush_promotions_locked()
+
+    @property
     def inflight_jobs(self) -> int:
         """Tier jobs submitted and not yet finished (plus store jobs waiting for budget)."""
         with self._lock:

@@ -36,7 +36,6 @@ Importing this module imports vLLM (the ``vllm`` install).
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
@@ -59,6 +58,7 @@ from kvtier.config import load_config
 from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
 from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
 
@@ -190,6 +190,10 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         self._landed: list[EngineEvent] = []
         self._log: list[EngineEvent] = []
         self._closed = False
+        # vLLM asks one chunk at a time and ends each step with on_schedule_end (which polls): the
+        # step's promotions from one tier go out there as one load job (vLLM's tiering manager
+        # batches the same way), not one job per chunk.
+        engine.coalesce_promotions = True
         engine.subscribe(self._log.append)
         engine.subscribe(self._note_landed)
 
@@ -200,8 +204,9 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
     def lookup(self, key: OffloadKey, req_context: Any) -> LookupResult:
         """HIT (readable now), HIT_PENDING (being written or promoted), RETRY or MISS.
 
-        vLLM asks one chunk at a time; a chunk found in a secondary tier starts its promotion here
-        (one job per chunk) unless admission refuses it (budget, cost gate), and answers
+        vLLM asks one chunk at a time; a chunk found in a secondary tier gets its promotion here
+        (its slot reserved, the load staged: the step's promotions from one tier are handed over as
+        one job at ``on_schedule_end``) unless admission refuses it (budget, cost gate), and answers
         HIT_PENDING: vLLM then asks again on a later step. A HIT is pinned for the request until it is
         admitted (its ``prepare_load`` or first ``prepare_store``) or finishes, and a block it waits
         for is pinned for it the step its promotion lands; without a request id, until the step ends.
@@ -408,9 +413,9 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._held.clear()
             self._awaited.clear()
             # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
-            # cleanup keeps a mapping that still has exports, so let them go first.
+            # cleanup keeps a mapping that still has exports, so let them go first (frozen too).
             del self.engine
-            gc.collect()
+            collect_cycles()
             if self._region is not None:
                 with contextlib.suppress(Exception):
                     self._region.cleanup()

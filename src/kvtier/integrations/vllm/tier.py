@@ -65,7 +65,6 @@ Importing this module imports vLLM (the ``vllm`` extra).
 from __future__ import annotations
 
 import difflib
-import gc
 import inspect
 import logging
 import threading
@@ -91,6 +90,7 @@ from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
+from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.plugins import TIERS, create_tier
@@ -532,7 +532,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         The kvtier tier's numpy view of the primary buffer keeps vLLM's shared region exported;
         while it lives, vLLM's primary tier cannot unmap the region at its own shutdown (which
         follows this one) and logs that it keeps it mapped. Dropping the tier, and collecting the
-        reference cycles its threads leave, releases the view first.
+        reference cycles it leaves (vLLM froze the heap: see :mod:`.teardown`), releases the view.
         """
         tier = getattr(self, "_tier", None)
         if tier is None:
@@ -548,7 +548,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         # and its view outlive this call and vLLM logs "Failed to close mmap_obj" at its cleanup.
         self._events = None
         del self._tier, tier
-        gc.collect()
+        collect_cycles()  # vLLM froze the heap at start-up: a plain collect would skip the tier
 
     # -- metrics -------------------------------------------------------------------------------
     @classmethod

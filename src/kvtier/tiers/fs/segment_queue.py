@@ -19,9 +19,11 @@ import collections
 import threading
 from collections.abc import Callable
 
+from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
+from kvtier.tiers.ratelog import RateLimitedLog
 
-__all__ = ["FLUSHERS", "MAX_BATCH_BLOCKS", "MAX_BATCH_BYTES", "StoreQueue"]
+__all__ = ["FLUSHERS", "MAX_BATCH_BLOCKS", "MAX_BATCH_BYTES", "StoreQueue", "each_job"]
 
 #: Flusher tasks writing queued jobs at once (the fs tier's choice). The writes of one segment
 #: serialise in the kernel (one file), so more flushers add lock and GIL hand-offs, not throughput:
@@ -41,27 +43,30 @@ class StoreQueue:
 
     Args:
         write: writes a batch of jobs, one outcome each (``SegmentStore.write_jobs``).
-        settle: records the outcomes and reports the jobs (tier lock taken inside; once a batch).
+        settle: records one job's outcome and reports it (``lock`` held; once per job).
+        lock: the tier's lock, taken once per batch around the ``settle`` calls.
         flushers: most flusher tasks running at once.
         block_bytes: payload bytes per block (a batch holds at most ``max_bytes`` of them).
         max_blocks: most blocks per batch. max_bytes: most payload bytes per batch.
-        on_error: told of an exception ``settle`` raised (a bug; the flusher goes on).
+        log: where an exception ``settle`` raised is logged (a bug; the flusher goes on).
     """
 
     def __init__(
         self,
         write: Callable[[list[JobState]], list[ChunkOutcome]],
-        settle: Callable[[list[tuple[JobState, ChunkOutcome]]], None],
+        settle: Callable[[JobState, ChunkOutcome], None],
         *,
+        lock: threading.Lock,
         flushers: int,
         block_bytes: int = 1,
         max_blocks: int = MAX_BATCH_BLOCKS,
         max_bytes: int = MAX_BATCH_BYTES,
-        on_error: Callable[[Exception], None] = lambda exc: None,
+        log: RateLimitedLog | None = None,
     ) -> None:
-        self._on_error = on_error
         self._write = write
         self._settle = settle
+        self._settle_lock = lock
+        self._log = log
         self.flushers = max(1, flushers)
         self.max_blocks = max(1, min(max_blocks, max_bytes // max(block_bytes, 1)))
         self._lock = threading.Lock()
@@ -96,6 +101,26 @@ class StoreQueue:
                 outcomes = [ChunkOutcome(error=f"{type(exc).__name__}: {exc}") for _ in batch]
             self.batches += 1
             try:
-                self._settle(list(zip(batch, outcomes, strict=True)))
-            except Exception as exc:  # never leave the queue without a flusher
-                self._on_error(exc)
+                with self._settle_lock:
+                    for state, outcome in zip(batch, outcomes, strict=True):
+                        self._settle(state, outcome)
+            except Exception:  # never leave the queue without a flusher
+                if self._log is not None:
+                    self._log.warning("settle", "kvtier fs: error settling store jobs", exc_info=True)
+
+
+def each_job(
+    chunk: Callable[[JobState, list[tuple[BlockKey, int]]], ChunkOutcome],
+    states: list[JobState],
+    log: RateLimitedLog,
+) -> list[ChunkOutcome]:
+    """A batch written one ``chunk(state, items)`` call per job (the chunk seam fault-injection
+    tests replace); a call that raises fails its job only, as ``AsyncTier._run_chunk`` does."""
+    out = []
+    for state in states:
+        try:
+            out.append(chunk(state, state.items))
+        except Exception as exc:
+            log.warning("chunk-store", "kvtier fs: unexpected error in a store chunk", exc_info=True)
+            out.append(ChunkOutcome(error=f"{type(exc).__name__}: {exc}"))
+    return out
