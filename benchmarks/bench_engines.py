@@ -304,7 +304,7 @@ def lmcache_round(pages: int, tmp: str, trials: int) -> tuple[list[dict[str, flo
         ref.close()
 
 
-def worker(engine: str, pages: int, repeat: int, trials: int) -> dict[str, Any]:
+def worker(engine: str, pages: int, repeat: int, trials: int, root: str | None) -> dict[str, Any]:
     """Run in the engine's venv: ``repeat`` rounds (fresh directories, adapter and reference) of
     ``trials`` (even) counted trials each. Two consecutive trials ran in opposite orders; their
     times are summed into one sample, so whatever running second costs (or saves) falls on both
@@ -313,7 +313,7 @@ def worker(engine: str, pages: int, repeat: int, trials: int) -> dict[str, Any]:
     pairs: list[dict[str, float]] = []
     nbytes = 0
     for _ in range(repeat):
-        with tempfile.TemporaryDirectory(prefix="kvtier-bench-engines-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="kvtier-bench-engines-", dir=root) as tmp:
             got, nbytes = fn(pages, tmp, trials)
         pairs.extend({k: a[k] + b[k] for k in a} for a, b in zip(got[::2], got[1::2], strict=True))
     nbytes *= 2  # each sample moved the bytes twice
@@ -334,15 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages", type=int, default=64, help="pages / objects per trial (512 KiB each)")
     p.add_argument("--repeat", type=int, default=4, help="rounds (fresh directories and adapter)")
     p.add_argument("--trials", type=int, default=8, help="counted trials per round (even)")
+    p.add_argument("--root", help="directory both fs tiers live under (default: the system temp dir)")
     p.add_argument("--worker", choices=["sglang", "lmcache"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if not 1 <= a.pages <= 4096 or not 1 <= a.repeat <= 100 or not 2 <= a.trials <= 100 or a.trials % 2:
         p.error("--pages must be in [1, 4096], --repeat in [1, 100], --trials even in [2, 100]")
+    if a.root is not None and not os.path.isdir(a.root):
+        p.error(f"--root {a.root}: not a directory; give an existing one (e.g. /dev/shm)")
     if a.worker:
-        print(json.dumps(worker(a.worker, a.pages, a.repeat, a.trials)))
+        print(json.dumps(worker(a.worker, a.pages, a.repeat, a.trials, a.root)))
         return 0
     results: dict[str, Any] = {
-        "pages": a.pages, "repeat": a.repeat, "trials": a.trials, "missing": [], "ratios": {},
+        "pages": a.pages, "repeat": a.repeat, "trials": a.trials, "root": a.root or tempfile.gettempdir(),
+        "missing": [], "ratios": {},
     }  # fmt: skip
     for engine in ("sglang", "lmcache"):
         py = os.environ.get(f"KVTIER_TEST_{engine.upper()}_PYTHON", "")
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
         cmd = [py, __file__, "--worker", engine, "--pages", str(a.pages), "--repeat", str(a.repeat),
-               "--trials", str(a.trials)]  # fmt: skip
+               "--trials", str(a.trials)] + (["--root", a.root] if a.root else [])  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
