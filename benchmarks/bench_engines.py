@@ -34,19 +34,27 @@ dropped store would look fast). Each side loads into its own destination and the
 checked (untimed) after every trial: checking and clearing one shared destination between the
 two loads made the second load of every pair slower (a ratio that flipped with the order).
 
-Noise: on the shared 2-core machine the disk's speed swings by 2-3x within seconds (other jobs),
-so each trial runs both sides back to back (stores, then loads, the order alternating per trial),
-two consecutive trials (one in each order) make one sample -- the reference's summed seconds over
-the adapter's, so running second costs both sides the same -- and ``ratios`` maps
-``<engine>_<op>`` to the median over ``--repeat`` x ``--trials`` / 2 samples (``benchstats``'
-paired ratio; higher is better, 1.0 = no overhead, the spread comes with it); every round uses fresh
-directories, a fresh adapter and a fresh reference (no "already stored" shortcut: every trial
-stores new keys).
+Noise: on the shared 2-core machine speed swings within seconds (other jobs), so each trial runs
+both sides back to back (stores, then loads, the order alternating per trial), two consecutive
+trials (one in each order) make one sample -- the reference's summed seconds over the adapter's, so
+running second costs both sides the same -- and ``ratios`` maps ``<engine>_<op>`` to the median
+over ``--repeat`` x ``--trials`` / 2 samples (``benchstats``' paired ratio; higher is better, 1.0 =
+no overhead, the spread comes with it); every round uses fresh directories, a fresh adapter and a
+fresh reference (no "already stored" shortcut: every trial stores new keys).
+
+Medium: both fs tiers live under ``--root``, by default ``/dev/shm`` (a tmpfs; the system temp
+dir where there is none). The question is what the adapter adds, and on a memory-backed root the
+tier's own work is smallest, so any adapter cost counts most. On this shared machine the root
+disk also swings 2-3x with the other jobs' I/O (one trial's store of 32 MiB took 30 to 100 ms, and
+removing a round's files alone took 5 s): with ``--root /tmp`` the store ratios of four runs were
+0.87-1.58 (SGLang) and 0.98-1.45 (LMCache) from noise alone -- 24 stores per side and position
+gave the adapter's and the reference's medians within 5% of each other (54.8 / 52.1 ms running
+first, 46.8 / 44.7 ms second, LMCache). ``--root DIR`` measures another medium.
 
 Each engine runs in its own venv (``KVTIER_TEST_SGLANG_PYTHON`` / ``KVTIER_TEST_LMCACHE_PYTHON``,
 built by ``.ci/run``; an engine without one is listed under ``missing``).
 
-``python benchmarks/bench_engines.py [--json] [--pages N] [--repeat R] [--trials T]``
+``python benchmarks/bench_engines.py [--json] [--pages N] [--repeat R] [--trials T] [--root DIR]``
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ from benchstats import paired_ratio  # benchmarks/benchstats.py, next to this sc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "integration"
+#: Memory-backed when the host has it (see the module doc, "Medium").
+DEFAULT_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 def settle(tier: Any) -> None:
@@ -304,7 +314,7 @@ def lmcache_round(pages: int, tmp: str, trials: int) -> tuple[list[dict[str, flo
         ref.close()
 
 
-def worker(engine: str, pages: int, repeat: int, trials: int, root: str | None) -> dict[str, Any]:
+def worker(engine: str, pages: int, repeat: int, trials: int, root: str) -> dict[str, Any]:
     """Run in the engine's venv: ``repeat`` rounds (fresh directories, adapter and reference) of
     ``trials`` (even) counted trials each. Two consecutive trials ran in opposite orders; their
     times are summed into one sample, so whatever running second costs (or saves) falls on both
@@ -334,18 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages", type=int, default=64, help="pages / objects per trial (512 KiB each)")
     p.add_argument("--repeat", type=int, default=4, help="rounds (fresh directories and adapter)")
     p.add_argument("--trials", type=int, default=8, help="counted trials per round (even)")
-    p.add_argument("--root", help="directory both fs tiers live under (default: the system temp dir)")
+    p.add_argument(
+        "--root", default=DEFAULT_ROOT, help=f"directory both fs tiers live under (default {DEFAULT_ROOT})"
+    )
     p.add_argument("--worker", choices=["sglang", "lmcache"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if not 1 <= a.pages <= 4096 or not 1 <= a.repeat <= 100 or not 2 <= a.trials <= 100 or a.trials % 2:
         p.error("--pages must be in [1, 4096], --repeat in [1, 100], --trials even in [2, 100]")
-    if a.root is not None and not os.path.isdir(a.root):
+    if not os.path.isdir(a.root):
         p.error(f"--root {a.root}: not a directory; give an existing one (e.g. /dev/shm)")
     if a.worker:
         print(json.dumps(worker(a.worker, a.pages, a.repeat, a.trials, a.root)))
         return 0
     results: dict[str, Any] = {
-        "pages": a.pages, "repeat": a.repeat, "trials": a.trials, "root": a.root or tempfile.gettempdir(),
+        "pages": a.pages, "repeat": a.repeat, "trials": a.trials, "root": a.root,
         "missing": [], "ratios": {},
     }  # fmt: skip
     for engine in ("sglang", "lmcache"):
@@ -355,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
         cmd = [py, __file__, "--worker", engine, "--pages", str(a.pages), "--repeat", str(a.repeat),
-               "--trials", str(a.trials)] + (["--root", a.root] if a.root else [])  # fmt: skip
+               "--trials", str(a.trials), "--root", a.root]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
