@@ -304,8 +304,8 @@ def lmcache_round(pages: int, tmp: str, trials: int) -> tuple[list[dict[str, flo
             got.zero_()
 
     direct = Side(
-        store=lambda t: ref.run([a._block_key(k, size) for k in keys(t)], src_rows, load=False),
-        load=lambda t: ref.run([a._block_key(k, size) for k in keys(t)], ref_rows, load=True),
+        store=lambda t: ref.run(a._block_keys(keys(t)), src_rows, load=False),
+        load=lambda t: ref.run(a._block_keys(keys(t)), ref_rows, load=True),
     )
     try:
         return paired(Side(store, load), direct, trials, check), half
