@@ -233,8 +233,15 @@ class KeyNamespace:
         return BlockKey(xxhash.xxh3_128_digest(self.root + _TAG_ENGINE + _field(engine_hash)))
 
     def wrap_engine_hashes(self, engine_hashes: Iterable[bytes]) -> list[BlockKey]:
-        """:meth:`wrap_engine_hash` for each hash, in order."""
-        return [self.wrap_engine_hash(h) for h in engine_hashes]
+        """:meth:`wrap_engine_hash` for each hash, in order (the same bytes hashed, with the
+        per-call lookups hoisted: an engine adapter wraps every block of every transfer)."""
+        digest, base, pack = xxhash.xxh3_128_digest, self.root + _TAG_ENGINE, _U32.pack
+        out: list[BlockKey] = []
+        append = out.append
+        for h in engine_hashes:
+            raw = bytes(h)
+            append(BlockKey(digest(base + pack(len(raw)) + raw)))
+        return out
 
     def trace_key(self, hash_id: int) -> BlockKey:
         """Key for a trace's integer block id (Mooncake ``hash_ids`` are already chained prefix ids)."""

@@ -175,6 +175,17 @@ def wait_fd(fd: int, timeout: float) -> int:
     return os.eventfd_read(fd) if r else 0
 
 
+def store_and_wait(a: Any, keys: list[ObjectKey], objs: list[Any], timeout: float = 20) -> Any:
+    """Submit one store task and wait for its result on the store eventfd (``None``: none came)."""
+    t = a.submit_store_task(keys, objs)
+    res: dict[int, Any] = {}
+    end = time.monotonic() + timeout
+    while t not in res and time.monotonic() < end:
+        wait_fd(a.get_store_event_fd(), 1)
+        res.update(a.pop_completed_store_tasks())
+    return res.get(t)
+
+
 def adapter_tasks(raw: str) -> dict[str, Any]:
     """Exactly-once completion, one eventfd signal per task, lock counts, bitmaps, usage."""
     a = adapter(raw)
@@ -227,12 +238,7 @@ def adapter_down(raw: str) -> dict[str, Any]:
     t0 = time.monotonic()
     keys = keys_for(7, 2)
     objs, _ = objects(2, 7)
-    t = a.submit_store_task(keys, objs)
-    res: dict[int, Any] = {}
-    end = time.monotonic() + 20
-    while t not in res and time.monotonic() < end:
-        wait_fd(a.get_store_event_fd(), 1)
-        res.update(a.pop_completed_store_tasks())
+    stored = store_and_wait(a, keys, objs)
     lt = a.submit_lookup_and_lock_task(keys, {0: LAYOUT})
     wait_fd(a.get_lookup_and_lock_event_fd(), 20)
     bm = a.query_lookup_and_lock_result(lt)
@@ -240,7 +246,7 @@ def adapter_down(raw: str) -> dict[str, Any]:
     wait_fd(a.get_load_event_fd(), 20)
     lb = a.query_load_result(ld)
     out = {
-        "store_ok": res[t].is_successful() if t in res else None,
+        "store_ok": stored.is_successful() if stored is not None else None,
         "lookup_bits": [int(bm.test(i)) for i in range(2)] if bm is not None else None,
         "load_bits": [int(lb.test(i)) for i in range(2)] if lb is not None else None,
         "seconds": time.monotonic() - t0,
@@ -249,8 +255,40 @@ def adapter_down(raw: str) -> dict[str, Any]:
     return out
 
 
+def mixed_salts(raw: str) -> dict[str, Any]:
+    """One task whose keys carry two cache salts: each key is stored under its own salt (the same
+    hash under the other salt misses), and loads byte-exact."""
+    a = adapter(raw)
+    plain, salted = keys_for(41, 2), keys_for(41, 2, "user7")
+    keys = [plain[0], salted[1]]
+    objs, want = objects(2, 41)
+    stored = store_and_wait(a, keys, objs)
+    probe = [salted[0], plain[1], plain[0], salted[1]]  # the stored hashes under the other salt first
+    lt = a.submit_lookup_and_lock_task(probe, {0: LAYOUT})
+    wait_fd(a.get_lookup_and_lock_event_fd(), 20)
+    bm = a.query_lookup_and_lock_result(lt)
+    a.submit_unlock(probe)
+    dst, _ = objects(2, 99)
+    ld = a.submit_load_task(keys, dst)
+    wait_fd(a.get_load_event_fd(), 20)
+    lb = a.query_load_result(ld)
+    got = hashlib.sha256(b"".join(bytes(o.byte_array) for o in dst)).hexdigest()
+    both = plain + salted
+    out = {
+        "store_ok": stored.is_successful() if stored is not None else None,
+        "lookup_bits": [int(bm.test(i)) for i in range(4)] if bm is not None else None,
+        "load_bits": [int(lb.test(i)) for i in range(2)] if lb is not None else None,
+        "exact": got == want,
+        "batch_is_single": a._block_keys(both) == [a._block_key(k, 0) for k in both]
+        and a._block_keys(plain) == [a._block_key(k, 0) for k in plain],
+    }
+    a.close()
+    return out
+
+
 SCENARIOS = {
-    f.__name__: f for f in (manager_round_trip, manager_writer, manager_reader, adapter_tasks, adapter_down)
+    f.__name__: f
+    for f in (manager_round_trip, manager_writer, manager_reader, adapter_tasks, adapter_down, mixed_salts)
 }
 
 if __name__ == "__main__":

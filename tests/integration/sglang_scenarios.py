@@ -244,7 +244,33 @@ def legacy(raw: str) -> dict[str, Any]:
     return {"stored": ok, "exact": exact}
 
 
-SCENARIOS = {f.__name__: f for f in (round_trip, leading_run, writer, reader, down, ranks, refuse_v2, legacy)}
+def foreign_indices(raw: str) -> dict[str, Any]:
+    """Host indices that are not pages of the registered pool (past its end, not page-aligned)
+    move nothing and raise nothing; the pool's own pages still round-trip afterwards."""
+    pool = host_pool()
+    b = backend(raw, pool)
+    keys, idx = pages(pool, 2, seed=31)
+    past_end = torch.arange(pool.size, pool.size + 2 * PAGE, dtype=torch.int64)
+    unaligned = idx + 1
+    out: dict[str, Any] = {
+        "past_end": [b.batch_set_v1(keys, past_end), b.batch_get_v1(keys, past_end)],
+        "unaligned": [b.batch_set_v1(keys, unaligned), b.batch_get_v1(keys, unaligned)],
+        "stored_before": b.kvtier_stats()["stored_blocks"],
+        "hit_before": b.batch_exists(keys),
+    }
+    want = page_bytes(pool, idx)
+    out["stored"] = b.batch_set_v1(keys, idx)
+    dst = pool.alloc(2 * PAGE)
+    out["loaded"] = b.batch_get_v1(keys, dst)
+    out["exact"] = page_bytes(pool, dst) == want
+    b.close()
+    return out
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (round_trip, leading_run, writer, reader, down, ranks, refuse_v2, legacy, foreign_indices)
+}
 
 if __name__ == "__main__":
     name, raw, *rest = sys.argv[1:]

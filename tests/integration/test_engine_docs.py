@@ -42,6 +42,12 @@ def test_readme_has_one_command_per_engine() -> None:
     assert len(commands("README.md", "lmcache server")) == 1
 
 
+def test_every_doc_command_line_has_its_test() -> None:
+    # The two tests below run commands by index: a command added to a doc must add its index there.
+    assert len(commands("docs/sglang.md", "python -m sglang.launch_server")) == 2
+    assert len(commands("docs/lmcache.md", "lmcache server")) == 2
+
+
 def localize(argv: list[str], root: Path, redis_url: str) -> list[str]:
     out = []
     for arg in argv:

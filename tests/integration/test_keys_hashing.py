@@ -138,3 +138,12 @@ def test_from_config_uses_model_salt_and_block_bytes() -> None:
     n2 = KeyNamespace.from_config(c2, block_size=16)
     assert n1.fingerprint == n2.fingerprint and n1.root != n2.root
     assert KeyNamespace.from_config(c1, block_size=16) == n1
+
+
+@settings(max_examples=200)
+@given(st.lists(st.binary(max_size=80), max_size=20), st.text(max_size=8))
+def test_wrap_engine_hashes_is_wrap_engine_hash_per_hash(hashes: list[bytes], salt: str) -> None:
+    # The batch form hoists lookups for speed; it must hash exactly what the single form hashes.
+    ns = _ns(salt)
+    assert ns.wrap_engine_hashes(hashes) == [ns.wrap_engine_hash(h) for h in hashes]
+    assert ns.wrap_engine_hashes(iter(hashes)) == ns.wrap_engine_hashes(hashes)

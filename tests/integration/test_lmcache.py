@@ -65,6 +65,14 @@ def test_adapter_task_model(py: str, tmp_path: Path) -> None:
     assert out["exact"]
 
 
+def test_one_task_with_two_cache_salts_keeps_them_apart(py: str, tmp_path: Path) -> None:
+    raw = l2({"type": "fs", "root_dir": str(tmp_path)})
+    out = run_scenario(py, "lmcache_scenarios.py", "mixed_salts", raw)
+    assert out["store_ok"] and out["exact"] and out["batch_is_single"]
+    assert out["lookup_bits"] == [0, 0, 1, 1]  # a stored hash under the other salt misses
+    assert out["load_bits"] == [1, 1]
+
+
 @pytest.mark.parametrize("kind", ["fs", "redis"])
 def test_two_processes_share_blocks(py: str, tmp_path: Path, kind: str) -> None:
     def both(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:

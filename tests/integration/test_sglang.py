@@ -45,6 +45,15 @@ def test_fs_round_trip_is_byte_exact(py: str, tmp_path: Path) -> None:
     assert out["kvtier"]["stored_blocks"] == 12 and out["kvtier"]["failed_blocks"] == 0
 
 
+def test_host_indices_outside_the_pool_move_nothing(py: str, tmp_path: Path) -> None:
+    raw = extra({"type": "fs", "root_dir": str(tmp_path)})
+    out = run_scenario(py, "sglang_scenarios.py", "foreign_indices", raw)
+    assert out["past_end"] == [[False, False], [False, False]]
+    assert out["unaligned"] == [[False, False], [False, False]]
+    assert out["stored_before"] == 0 and out["hit_before"] == 0
+    assert out["stored"] == [True, True] and out["loaded"] == [True, True] and out["exact"]
+
+
 def test_layer_first_pool_round_trip(py: str, tmp_path: Path) -> None:
     raw = extra({"type": "fs", "root_dir": str(tmp_path)})
     out = run_scenario(py, "sglang_scenarios.py", "round_trip", raw, "layer_first")

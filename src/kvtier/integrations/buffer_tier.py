@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockKey, LookupResult
@@ -32,6 +33,8 @@ __all__ = ["BufferTier", "Done", "JobCounters", "check_deadline"]
 
 #: Called once per job with the keys transferred.
 Done = Callable[[frozenset[BlockKey]], None]
+#: Rows of a transfer: a list or an integer array (what an adapter computed them as).
+Rows = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 _POLL_SECONDS = 0.0005
 _MAX_TIMINGS = 4096
@@ -151,7 +154,7 @@ class BufferTier:
             self.tier.touch(keys)
 
     # -- transfers ---------------------------------------------------------------------------
-    def submit(self, keys: Sequence[BlockKey], rows: Sequence[int], *, load: bool, done: Done) -> None:
+    def submit(self, keys: Sequence[BlockKey], rows: Rows, *, load: bool, done: Done) -> None:
         """Start a store (``load=False``) or load of ``keys[i]`` at row ``rows[i]``; ``done`` is
         called exactly once with the keys transferred."""
         from kvtier.jobs import TransferJob
@@ -179,7 +182,7 @@ class BufferTier:
                 self._count(load, len(keys), frozenset(), 0.0)
             done(frozenset())
 
-    def run(self, keys: Sequence[BlockKey], rows: Sequence[int], *, load: bool) -> frozenset[BlockKey]:
+    def run(self, keys: Sequence[BlockKey], rows: Rows, *, load: bool) -> frozenset[BlockKey]:
         """:meth:`submit` and wait: the keys transferred."""
         box: list[frozenset[BlockKey]] = []
         ready = threading.Event()

@@ -152,9 +152,16 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         return ns
 
     def _block_key(self, key: Any, size: int) -> BlockKey:
-        ident = f"{key.model_name}@{key.kv_rank}@{key.object_group_id}@".encode() + bytes(key.chunk_hash)
         del size  # the tier serving one object size is its own namespace (see _tier)
-        return self._space(key.cache_salt).wrap_engine_hash(ident)
+        return self._space(key.cache_salt).wrap_engine_hash(_ident(key))
+
+    def _block_keys(self, keys: Sequence[Any]) -> list[BlockKey]:
+        """:meth:`_block_key` of each key; one batch per cache salt (every transfer wraps every
+        key, and a task's keys nearly always share one salt)."""
+        salts = {k.cache_salt for k in keys}
+        if len(salts) != 1:
+            return [self._block_key(k, 0) for k in keys]
+        return self._space(salts.pop()).wrap_engine_hashes(_ident(k) for k in keys)
 
     def _tier(self, size: int, in_arena: bool) -> BufferTier:
         """The tier serving objects of ``size`` bytes (built on first use)."""
@@ -216,7 +223,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
         for (size, in_arena), items in groups.items():
             bt = self._tier(size, in_arena)
-            bkeys = [self._block_key(k, size) for k, _o, _r in items]
+            bkeys = self._block_keys([k for k, _o, _r in items])
             rows = [r for _k, _o, r in items]
             if not in_arena:
                 for (_k, o, _r), r in zip(items, rows, strict=True):
@@ -359,7 +366,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
         for (size, in_arena), items in groups.items():
             bt = self._tier(size, in_arena)
-            bkeys = [self._block_key(k, size) for k, _o, _r in items]
+            bkeys = self._block_keys([k for k, _o, _r in items])
             rows = [r for _k, _o, r in items]
 
             def done(
@@ -487,6 +494,11 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 else:
                     groups[(size, True)].append((key, obj, row))
         return dict(groups)
+
+
+def _ident(key: Any) -> bytes:
+    """The bytes that name one LMCache ``ObjectKey`` within its cache salt."""
+    return f"{key.model_name}@{key.kv_rank}@{key.object_group_id}@".encode() + bytes(key.chunk_hash)
 
 
 def _arena_buffer(arena: Any) -> Any:

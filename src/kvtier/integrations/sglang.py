@@ -34,6 +34,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from kvtier.errors import ConfigError
@@ -147,25 +149,26 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def _block_keys(self, keys: Sequence[str]) -> list[BlockKey]:
         assert self.namespace is not None
         n = self._rows_per_page
-        wrap = self.namespace.wrap_engine_hash
-        return [wrap(f"{k}#{part}".encode()) for k in keys for part in range(n)]
+        return self.namespace.wrap_engine_hashes(f"{k}#{part}".encode() for k in keys for part in range(n))
 
-    def _rows(self, host_indices: Any, n_keys: int) -> list[int] | None:
+    def _rows(self, host_indices: Any, n_keys: int) -> npt.NDArray[np.int64] | None:
+        """Row of each page part SGLang names (``None`` when one is outside the registered pool);
+        vectorized: this runs on every transfer."""
         assert self.io is not None
         ptrs, _sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if len(ptrs) != n_keys * self._rows_per_page:
             return None
-        out = []
-        for p in ptrs:
-            off = int(p) - self._base
-            if off < 0 or off % self._row_bytes or off // self._row_bytes >= self.io.num_rows:
-                return None
-            out.append(off // self._row_bytes)
-        return out
+        off = np.asarray(ptrs, dtype=np.int64) - self._base
+        rows, rem = np.divmod(off, self._row_bytes)
+        if off.size and (off.min() < 0 or rem.any() or rows.max() >= self.io.num_rows):
+            return None
+        return rows
 
     def _page_results(
         self, keys: Sequence[str], bkeys: list[BlockKey], ok: frozenset[BlockKey]
     ) -> list[bool]:
+        if len(ok) == len(bkeys):  # the usual case: every row moved (ok holds only bkeys' keys)
+            return [True] * len(keys)
         n = self._rows_per_page
         return [all(b in ok for b in bkeys[i * n : (i + 1) * n]) for i in range(len(keys))]
 
