@@ -61,6 +61,7 @@ from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
 from kvtier.engine.tenants import TenantScope
+from kvtier.engine.timedpins import TimedPins
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.engine.writes import TierWrites, write_policies
 from kvtier.errors import MisuseError
@@ -139,6 +140,7 @@ class Engine:
             self.primary.close()
             raise
         self.primary.track_tiers = bool(self.tiers)
+        self.timed_pins = TimedPins(self.primary, cfg.pin_share, cfg.pin_max_ttl_s, clock)  # pin_for
         self._lock = threading.Lock()
         self._closed = False
         self._handles = HandleBook()
@@ -161,7 +163,7 @@ class Engine:
             self.counters,
             self._emit,
         )
-        self._reserve = self.writes.reserve
+        self._reserve = self.timed_pins.expiring(self.writes.reserve)
         self.admission = Admission(
             self.primary, self.tiers, self.jobs, self._reserve, self.counters, cfg.promotion_share, cost
         )
@@ -288,6 +290,15 @@ class Engine:
         if self._events.outbox:
             self._events.dispatch()
         return LookupReport(len(codes) - len(codes.lstrip(_LEADING_HIT)), None, npend, codes)
+
+    def pin_for(self, keys: Sequence[BlockKey], ttl_s: float, request: RequestContext | None = None) -> int:
+        """Keep the READY blocks of ``keys`` in the primary tier ``ttl_s`` seconds (engine clock); how
+        many hold such a pin now. Bounds, errors: :class:`~kvtier.engine.timedpins.TimedPins`."""
+        check_keys("pin_for", keys)
+        ikeys = self._scope(keys, request)
+        with self._lock:
+            self._check_open()
+            return self.timed_pins.pin(ikeys, ttl_s)
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(
@@ -521,6 +532,7 @@ class Engine:
         """Drop every unpinned READY block. Pinned, WRITING and FLUSHING blocks are kept."""
         with self._lock:
             self._check_open()
+            self.timed_pins.release_all()  # what they kept is as stale as everything else
             dropped = self.primary.drop_unpinned()
             self.counters["resets"] += 1
             self.counters["evictions"] += len(dropped)
@@ -575,7 +587,8 @@ class Engine:
         """
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-            out["primary"] = self.primary.counts() | self._mover.primary_io()
+            pins = self.timed_pins.stats()  # first: pins that have run out are released before counts
+            out["primary"] = pins | self.primary.counts() | self._mover.primary_io()
             out["primary"]["backing"] = self.primary.backing
             skipped = self.admission.skipped_cost
             out["tiers"] = {
