@@ -355,6 +355,18 @@ def _numbers(raw: Mapping[str, Any]) -> dict[str, Any]:
         if not 0.0 < float(share) <= 1.0:
             raise ConfigError("promotion_share", f"must be in (0, 1], got {share}")
         kw["promotion_share"] = float(share)
+    kw.update(_pin_numbers(raw))
+    if raw.get("metrics_port") is not None:
+        port = _expect(raw["metrics_port"], int, "metrics_port", "a TCP port number")
+        if not 0 <= port <= 65535:
+            raise ConfigError("metrics_port", f"must be in 0..65535, got {port}")
+        kw["metrics_port"] = port
+    return kw
+
+
+def _pin_numbers(raw: Mapping[str, Any]) -> dict[str, float]:
+    """``pin_share`` in [0, 1] and ``pin_max_ttl_s`` in (0, a week], when given."""
+    kw: dict[str, float] = {}
     if "pin_share" in raw:
         share = _finite(raw["pin_share"], "pin_share")
         if not 0.0 <= share <= 1.0:
@@ -365,11 +377,6 @@ def _numbers(raw: Mapping[str, Any]) -> dict[str, Any]:
         if not 0.0 < ttl <= _MAX_PIN_TTL_S:
             raise ConfigError("pin_max_ttl_s", f"must be in (0, {_MAX_PIN_TTL_S:g}] seconds, got {ttl}")
         kw["pin_max_ttl_s"] = ttl
-    if raw.get("metrics_port") is not None:
-        port = _expect(raw["metrics_port"], int, "metrics_port", "a TCP port number")
-        if not 0 <= port <= 65535:
-            raise ConfigError("metrics_port", f"must be in 0..65535, got {port}")
-        kw["metrics_port"] = port
     return kw
 
 
