@@ -89,6 +89,7 @@ from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entr
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
+from kvtier.integrations.vllm.hints import PIN_ACTION
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
 from kvtier.jobs import JobResult, TransferJob
@@ -490,6 +491,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._error("touch", exc)
 
     def on_new_request(self, req_context: Any) -> Any:
+        hints = getattr(req_context, "kv_hints", None)
+        if hints is not None and _has_pin(hints):
+            # vLLM's own CPU tier decides what stays in host memory here; say so once, not per request.
+            _log_once(
+                "kv_hints:tier",
+                "kvtier: a kvtier.pin kv_hint has no effect on KvtierTier (vLLM's CPU tier decides its "
+                "evictions); load kvtier's engine with KvtierOffloadingSpec to honour it (docs/vllm.md)",
+            )
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: Any) -> None:
@@ -586,3 +595,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def config_info(self) -> Mapping[str, str | int | float | bool]:
         return {"kvtier_tier_type": self._kvtier_type, "kvtier_namespace": self.namespace.root.hex()[:12]}
+
+
+def _has_pin(hints: Any) -> bool:
+    """Whether vLLM's ``kv_hints`` envelope carries a ``kvtier.pin`` action (read, never trusted)."""
+    actions = getattr(hints, "actions", None)
+    return isinstance(actions, list) and any(getattr(a, "action_type", None) == PIN_ACTION for a in actions)
