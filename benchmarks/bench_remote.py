@@ -288,10 +288,10 @@ def bench_s3(endpoint: str, block: int, n: int, threads: int, repeat: int, bucke
     primary = PrimaryBuffer.heap(2 * n, block, block)
     primary.fill_random(range(n), seed=2)
     tier = ObjTier(
-        primary_kv_view=primary.view, context=primary.context("obj"), bucket=bucket, prefix="bench",
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket=bucket, key_prefix="bench",
         endpoint_url=endpoint, region="us-east-1", addressing_style="path", create_bucket=True,
         access_key_id=creds["aws_access_key_id"], secret_access_key=creds["aws_secret_access_key"],
-        io_threads=threads, batch_blocks=1, op_timeout=30, warm_listing=0,
+        threads=threads, batch_blocks=1, op_timeout=30, warm_listing=0,
     )  # fmt: skip
     refs: dict[str, Any] = {
         "default": Boto3Ref(endpoint, creds, threads, bucket, tuned=False),
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="512KiB,4MiB", help="block sizes (KiB/MiB)")
     ap.add_argument("--mib", type=int, default=32, help="MiB per round and size")
     ap.add_argument("--threads", type=int, default=4, help="redis workers (raw: same)")
-    ap.add_argument("--s3-threads", type=int, default=8, help="obj io_threads (raw: same)")
+    ap.add_argument("--s3-threads", type=int, default=8, help="obj threads (raw: same)")
     ap.add_argument("--repeat", type=int, default=4, help="interleaved S3 rounds (medians are reported)")
     ap.add_argument(
         "--redis-repeat", type=int, default=12, help="interleaved Redis rounds (6 orders per cycle)"

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_KEY_LEN",
     "BlockHeader",
     "CorruptBlockError",
+    "check_payload_digest",
     "decode",
     "encode",
     "encode_header",
@@ -53,6 +54,7 @@ __all__ = [
     "namespace_tag",
     "parse_header",
     "payload_checksum",
+    "payload_seed_tail",
     "verify_payload",
 ]
 
@@ -134,26 +136,33 @@ def encode_header(key: bytes, payload_len: int, checksum: int, ns_tag: int, alig
 
 
 class HeaderMaker:
-    """Unpadded headers (``align`` 1) for payloads of ``payload_len`` bytes in namespace ``ns_tag``:
-    the per-block step of a tier's hot loop, the same bytes as :func:`encode_header` of
-    :func:`payload_checksum` in a third of the calls (the seed's tail is computed once).
+    """Headers padded to a multiple of ``align`` for payloads of ``payload_len`` bytes in namespace
+    ``ns_tag``: the per-block step of a tier's hot loop, the same bytes as :func:`encode_header` of
+    :func:`payload_checksum` in a third of the calls (the seed's tail is computed once, the padding
+    once per key length).
 
     ``maker(key, payload)`` returns the header of ``payload`` under ``key``; ``payload`` must be
     exactly ``payload_len`` bytes (a C-contiguous buffer; it is read once, never copied), and
     ``key`` at most :data:`MAX_KEY_LEN` bytes.
     """
 
-    __slots__ = ("_tail", "ns_tag", "payload_len")
+    __slots__ = ("_pads", "_tail", "align", "ns_tag", "payload_len")
 
-    def __init__(self, ns_tag: int, payload_len: int) -> None:
+    def __init__(self, ns_tag: int, payload_len: int, align: int = 1) -> None:
         self.ns_tag = ns_tag
         self.payload_len = payload_len
+        self.align = align
         self._tail = _seed_tail(ns_tag, payload_len)
+        self._pads: dict[int, tuple[int, bytes]] = {}  # key length -> (header length, padding)
 
     def __call__(self, key: bytes, payload: bytes | memoryview | bytearray) -> bytes:
         seed = xxhash.xxh3_64_intdigest(key + self._tail)
         checksum = xxhash.xxh3_64_intdigest(payload, seed=seed)
-        return _pack(key, FIXED_HEADER_SIZE + len(key), self.payload_len, self.ns_tag, checksum)
+        pad = self._pads.get(len(key))
+        if pad is None:
+            hlen = header_size(len(key), self.align)
+            pad = self._pads[len(key)] = (hlen, bytes(hlen - FIXED_HEADER_SIZE - len(key)))
+        return _pack(key, pad[0], self.payload_len, self.ns_tag, checksum) + pad[1]
 
 
 def encode(key: bytes, payload: bytes | memoryview | bytearray, *, ns_tag: int, align: int = 1) -> bytes:
@@ -169,11 +178,15 @@ def parse_header(
     expected_key: bytes | None = None,
     ns_tag: int | None = None,
     payload_len: int | None = None,
+    header_check: int | None = None,
 ) -> BlockHeader:
     """Parse and check a header at the start of ``buf``.
 
     Checks magic, version, algorithm, ``header_check``, and, when given, the key, namespace tag and
-    payload length. Raises :class:`CorruptBlockError` on any mismatch.
+    payload length. Raises :class:`CorruptBlockError` on any mismatch. ``header_check``: the check
+    value already computed over this header's first 36 bytes and ``expected_key`` (a batched
+    reader computes it where the GIL is not held); used only when the header's key is
+    ``expected_key``, else the check is computed here as always.
     """
     view = memoryview(buf).cast("B")
     if view.nbytes < FIXED_HEADER_SIZE:
@@ -190,7 +203,10 @@ def parse_header(
         raise CorruptBlockError("header", f"header length {hlen} cannot hold a {key_len}-byte key")
     key = view[FIXED_HEADER_SIZE:key_end].tobytes()
     (check,) = _CHECK.unpack_from(view, _FIXED.size)
-    expect = xxhash.xxh3_64_intdigest(view[: _FIXED.size].tobytes() + key) & 0xFFFFFFFF
+    if header_check is not None and key == expected_key:
+        expect = header_check
+    else:
+        expect = xxhash.xxh3_64_intdigest(view[: _FIXED.size].tobytes() + key) & 0xFFFFFFFF
     if check != expect:
         raise CorruptBlockError("header", "header checksum mismatch")
     if expected_key is not None and key != expected_key:
@@ -207,8 +223,20 @@ def verify_payload(header: BlockHeader, payload: bytes | memoryview | bytearray)
     view = memoryview(payload).cast("B")
     if view.nbytes != header.payload_len:
         raise CorruptBlockError("length", f"payload is {view.nbytes} bytes, header says {header.payload_len}")
-    if payload_checksum(header.key, header.namespace_tag, view) != header.checksum:
+    check_payload_digest(header, payload_checksum(header.key, header.namespace_tag, view))
+
+
+def check_payload_digest(header: BlockHeader, digest: int) -> None:
+    """Raise :class:`CorruptBlockError` unless ``digest`` (the payload's xxh3-64 under this header's
+    seed, computed by the caller) is the header's checksum: :func:`verify_payload` for a caller that
+    already hashed the payload it just read."""
+    if digest != header.checksum:
         raise CorruptBlockError("checksum", "payload checksum mismatch")
+
+
+def payload_seed_tail(ns_tag: int, payload_len: int) -> bytes:
+    """The bytes appended to a key before hashing it into the payload checksum's seed."""
+    return _seed_tail(ns_tag, payload_len)
 
 
 def decode(

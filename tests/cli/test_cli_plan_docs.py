@@ -36,7 +36,7 @@ def _files() -> dict[str, str]:
 
 def test_doc_defines_files_and_commands() -> None:
     assert set(_files()) == {"llama-3-8b.json", "menu.json"}
-    assert len(_commands()) == 5
+    assert len(_commands()) == 6
 
 
 @pytest.mark.slow
@@ -65,3 +65,6 @@ def test_doc_commands_run_in_order(tmp_path: Path) -> None:
     menu = json.loads(outputs[4])
     assert menu["menu"]["gpu"]["prefill_tokens_per_second"] == 25000
     assert menu["menu"]["tiers"]["nvme"]["source"] == "menu"
+    drives = outputs[5]
+    assert "with one nvme drive failed (1 of 4 fenced): block hits" in drives
+    assert "4 drives of 500.0 GiB" in drives

@@ -11,9 +11,11 @@ Missing services skip locally and fail under ``CI=true`` (:mod:`needs`); the S3 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from mooncake_servers import LOOPBACK_ENV, MooncakeStore
 from needs import need_module
 from remote_servers import RedisCluster, RedisServer, s3_settings
 
@@ -42,3 +44,13 @@ def s3() -> dict[str, str]:
     ``secret_access_key``)."""
     need_module("boto3", "s3")
     return s3_settings()
+
+
+@pytest.fixture(scope="session")
+def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeStore]:
+    """One Mooncake Store (``mooncake_master`` and a ``mooncake_client`` holder) on 127.0.0.1 for
+    the whole run."""
+    os.environ.update(LOOPBACK_ENV)  # this process's transfer engine too: loopback only
+    store = MooncakeStore(tmp_path_factory.mktemp("mooncake"))
+    yield store
+    store.stop()

@@ -1,20 +1,18 @@
-"""The Mooncake Store of :mod:`mooncake_procs` as test fixtures: a missing install skips the test
-locally and fails it under ``CI=true`` (:mod:`needs`).
+"""The Mooncake Store of :mod:`mooncake_procs` for tests: a missing install skips the test locally
+and fails it under ``CI=true`` (:mod:`needs`). The session's shared store is the ``mooncake_store``
+fixture of conftest.py; a test that damages a store starts its own :class:`MooncakeStore`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mooncake_procs import LOOPBACK_ENV, free_port, loopback_env, missing
 from mooncake_procs import MooncakeStore as _Processes
 from needs import need
 
-__all__ = ["LOOPBACK_ENV", "MooncakeStore", "free_port", "loopback_env", "mooncake_store", "raw_client"]
+__all__ = ["LOOPBACK_ENV", "MooncakeStore", "free_port", "loopback_env", "raw_client"]
 
 
 class MooncakeStore(_Processes):
@@ -24,15 +22,6 @@ class MooncakeStore(_Processes):
         reason = missing()
         need(reason is None, reason or "")
         super().__init__(workdir, segment=segment, master_args=master_args)
-
-
-@pytest.fixture(scope="module")
-def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeStore]:
-    """A store for one test module (import this fixture into the module)."""
-    os.environ.update(LOOPBACK_ENV)  # this process's transfer engine too: loopback only
-    store = MooncakeStore(tmp_path_factory.mktemp("mooncake"))
-    yield store
-    store.stop()
 
 
 def raw_client(store: MooncakeStore) -> Any:

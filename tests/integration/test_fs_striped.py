@@ -8,18 +8,23 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
+import numpy as np
 import pytest
 
 from kvtier.errors import ConfigError
+from kvtier.jobs import TransferJob
 from kvtier.keys import LookupResult
 from kvtier.testing import PrimaryBuffer, TierContractTests
+from kvtier.testing.primary import wait_for_jobs
 from kvtier.tiers.base import SecondaryTier, TierContext
 from kvtier.tiers.fs import FsTier
 from kvtier.tiers.fs.striped import StripedFsTier
+from kvtier.transfer.workers import Priority
 
 BLOCK = 64 * 1024
 
@@ -65,6 +70,45 @@ def test_blocks_spread_over_three_roots_and_a_second_process_finds_them(tmp_path
     got = json.loads(out.read_text())
     assert got["hits"] == [str(LookupResult.HIT)] * 90
     assert got["good"] == names  # every block, with the bytes stored, from the right root
+
+
+def test_a_burst_spills_from_a_busy_root_and_every_block_is_found(tmp_path: Path) -> None:
+    """One-block store jobs whose root has a round of work queued beyond the runner-up's go to the
+    runner-up (and are found there); jobs submitted one at a time go to their placement root."""
+    primary = h.aligned_primary(24, BLOCK)
+    tier = h.make_striped(primary, [tmp_path / "a", tmp_path / "b"], threads=2)
+    try:
+        both = [0, 1]
+        to_a = [
+            k
+            for k in (h.key_of(f"burst-{i}") for i in range(200))
+            if tier.placement.choose(bytes(k), both) == 0
+        ]
+        calm, burst = to_a[:4], to_a[4:24]
+        for k in calm:  # one at a time: nothing queued, pure placement
+            assert h.store(tier, primary, [k]).success
+        assert {bytes(k) for k in calm} <= {bytes(k) for k in tier.roots[0].indexed_keys()}
+        gate = threading.Event()
+        for _ in range(2):  # root a's two workers are held: its jobs queue up
+            tier.roots[0].run_on_worker(Priority.STORE, gate.wait)
+        ids = []
+        for slot, k in enumerate(burst):
+            primary.block(slot)[:] = h.payload_of(k, BLOCK)
+            ids.append(90_000 + slot)
+            tier.submit_store(TransferJob(ids[-1], [k], np.array([slot], dtype=np.int32)))
+        # Root a took its threads' worth (2) before b's share began; b took most of the rest.
+        assert tier._queued[0] <= tier._queued[1] + 2 + 1 and tier._queued[1] >= 8, tier._queued
+        gate.set()
+        assert all(r.success for r in wait_for_jobs(tier, ids, timeout=60).values())
+        on_b = {bytes(k) for k in tier.roots[1].indexed_keys()}
+        assert 8 <= len(on_b & {bytes(k) for k in burst}) < len(burst)
+        assert tier._queued == [0, 0]
+        res = h.load(tier, primary, burst)
+        assert res.success
+        for slot, k in enumerate(burst):
+            assert (primary.block(slot) == h.payload_of(k, BLOCK)).all()
+    finally:
+        tier.shutdown()
 
 
 def test_restart_with_a_root_added_and_one_removed_keeps_the_others_blocks(tmp_path: Path) -> None:

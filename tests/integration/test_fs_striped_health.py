@@ -224,7 +224,13 @@ class _StallingTier(FsTier):
 
 
 def _stall_opens(tier: FsTier, gate: threading.Event) -> None:
-    """Make the root's block opens wait for ``gate`` (a hung metadata read on a failing disk)."""
+    """Make the root's block opens wait for ``gate`` (a hung metadata read on a failing disk).
+
+    The stall is injected into the Python load path's ``open_block``; the batched reader
+    (``kvtier.tiers.fs.batchread``, one C call per chunk) cannot be stalled from Python, so this
+    root reads on the Python path, which keeps the same contract (the job's abandon flag is checked
+    after each open, before anything lands in a slot; the C path checks the same flag there)."""
+    tier._load._batch = None
     tree = tier.accounting.tree
     real = tree.open_block
 

@@ -9,9 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mooncake_servers import MooncakeStore, loopback_env, mooncake_store
-
-__all__ = ["mooncake_store"]  # the module's store fixture
+from mooncake_servers import MooncakeStore, loopback_env
 
 
 def kvtier(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from mooncake_servers import MooncakeStore, mooncake_store
+from mooncake_servers import MooncakeStore
 from needs import need_module
 
 from kvtier.testing import AsyncTierContractTests, PrimaryBuffer
@@ -16,8 +16,6 @@ from kvtier.testing import AsyncTierContractTests, PrimaryBuffer
 need_module("mooncake.store", "mooncake")
 
 from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
-
-__all__ = ["mooncake_store"]  # the module's store fixture
 
 
 def prefix(workdir: Path) -> str:

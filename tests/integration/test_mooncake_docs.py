@@ -9,14 +9,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from mooncake_servers import MooncakeStore, mooncake_store
+from mooncake_servers import MooncakeStore
 from needs import need_module
 
 from kvtier.config import load_config
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
-
-__all__ = ["mooncake_store"]  # the module's store fixture
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "mooncake.md"
 

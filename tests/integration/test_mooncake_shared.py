@@ -1,113 +1,114 @@
-"""The mooncake tier behind the real engine and shared between real processes: byte-exact round
-trips, two engine processes hitting each other's blocks through one store, tenants (cache_salt)
-never sharing, damaged values never served (and replaced despite the store's lease), and a full
-store dropping stores instead of failing the engine."""
+"""The mooncake tier as a shared store (kvtier.testing.SharedStoreTests: behind the real engine,
+two engine processes hitting each other's blocks through one store, tenants apart, damaged values
+never served (and replaced despite the store's lease), a lost value a miss) on each of its three
+data paths; then what only Mooncake has: the paths reading each other's objects, in-place rows,
+and a full store dropping stores instead of failing the engine."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import pytest
-from mooncake_servers import MooncakeStore, loopback_env, mooncake_store, raw_client
+from mooncake_servers import MooncakeStore, loopback_env, raw_client
 from needs import need_module
 
-from kvtier.engine import Engine
-from kvtier.jobs import TransferJob
-from kvtier.keys import BlockKey, LookupResult
-from kvtier.testing import PrimaryBuffer, wait_for_jobs
+from kvtier.keys import BlockKey
+from kvtier.testing import PrimaryBuffer, SharedStoreTests, run_job
+from kvtier.tiers.remote import RemoteTier
 
 need_module("mooncake.store", "mooncake")
 
 from kvtier.tiers.mooncake import MooncakeTier  # noqa: E402
 
-__all__ = ["mooncake_store"]  # the module's store fixture
 
-BLOCK = 256 * 1024
-PROC = Path(__file__).with_name("remote_engine_proc.py")
+class TestMooncakeShared(SharedStoreTests):
+    """The staged path: one piece per object through a registered staging buffer (blocks up to
+    ``staging_max_block``, the default at these sizes)."""
+
+    poison = 0xAB  # the tier zeroes a slot whose value failed verification
+    path_name: ClassVar[str] = "staged"
+
+    @pytest.fixture(autouse=True)
+    def _store(self, mooncake_store: MooncakeStore) -> Iterator[None]:
+        self.mc = mooncake_store  # the session's store (conftest.py)
+        self.raw = raw_client(mooncake_store)
+        yield
+        self.raw.close()
+
+    def tier_config(self, prefix: str, **options: Any) -> dict[str, Any]:
+        return self.mc.tier_config(key_prefix=prefix, **options)
+
+    def make_tier(self, primary: PrimaryBuffer, prefix: str, **options: Any) -> MooncakeTier:
+        return _tier(primary, self.mc, prefix, **options)
+
+    def engine_env(self) -> dict[str, str]:
+        return loopback_env()
+
+    def _name(self, tier: RemoteTier, key: BlockKey) -> str:
+        assert isinstance(tier, MooncakeTier)
+        return f"{tier.key_prefix}/kvtier-test/{key.hex()}"
+
+    def raw_get(self, tier: RemoteTier, key: BlockKey) -> bytes:
+        return bytes(self.raw.get(self._name(tier, key)))
+
+    def raw_put(self, tier: RemoteTier, key: BlockKey, value: bytes) -> None:
+        # The store keeps no empty value: "empty" is one byte, as short as a value can be.
+        assert self.raw.upsert(self._name(tier, key), value or b"\0") == 0
+
+    def raw_delete(self, tier: RemoteTier, key: BlockKey) -> None:
+        assert self.raw.remove(self._name(tier, key), True) == 0
+
+    def after_damage(self, tier: RemoteTier, victim: BlockKey, primary: PrimaryBuffer, block: bytes) -> None:
+        # The damaged value is leased (just read), so its removal is refused: the next store of the
+        # key replaces it (upsert) instead of keeping it as a plain put would.
+        assert isinstance(tier, MooncakeTier)
+        tier.drain()
+        assert victim in tier._rewrite
+        assert self.store(tier, [victim], [0], 3)
+        replaced = self.raw_get(tier, victim)
+        assert replaced.endswith(block) and len(replaced) == 40 + len(victim) + 5000
+        primary.rows[2] = 0
+        assert self.load(tier, [victim], [2], 4) == {victim}
+        assert primary.block(2).tobytes() == block
+
+    def test_the_tier_takes_this_path(self) -> None:
+        tier = self.tier_on(PrimaryBuffer.heap(4, self.row_stride, 5000), self.prefix("path"))
+        try:
+            assert tier.config_info()["data_path"] == {"store": self.path_name, "load": self.path_name}
+        finally:
+            tier.shutdown()
 
 
-#: The tier's data paths (same object format): one piece through a registered staging buffer
-#: (blocks up to ``staging_max_block``, the default at these sizes), zero-copy as two pieces, and in
-#: place (rows with header room, ``ROW_PAD``: one zero-copy piece from the end of the previous row).
-PATHS: dict[str, dict[str, Any]] = {"staged": {}, "zero_copy": {"staging_max_block": 0}, "in_place": {}}
-ROW_PAD = {"in_place": 4096}
-NAMES = {"staged": "staged", "zero_copy": "zero-copy", "in_place": "in place"}
+class TestMooncakeZeroCopyShared(TestMooncakeShared):
+    """Zero-copy: two pieces per object (header row + slot), no staging copy."""
+
+    options: ClassVar[dict[str, Any]] = {"staging_max_block": 0}
+    path_name = "zero-copy"
 
 
-def config(
-    store: MooncakeStore, prefix: str, tier: dict[str, Any] | None = None, **top: Any
-) -> dict[str, Any]:
-    return {
-        "block_bytes": BLOCK,
-        "cpu_bytes_to_use": 16 * BLOCK,
-        "model": "mooncake-shared-test",
-        "secondary_tiers": [store.tier_config(key_prefix=prefix, **(tier or {}))],
-        **top,
-    }
+class TestMooncakeInPlaceShared(TestMooncakeShared):
+    """In place: rows with header room (an engine's ``primary_row_pad``), one zero-copy piece from
+    the end of the previous row through the slot."""
 
-
-def engine_proc(cfg: dict[str, Any], mode: str, n: int, seed: int, timeout: float = 10.0) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(PROC), json.dumps(cfg), mode, str(n), str(seed), str(timeout)],
-        capture_output=True, text=True, timeout=120, check=True, env=loopback_env(),
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
-def test_two_engine_processes_share_blocks_and_tenants_never_do(mooncake_store: MooncakeStore) -> None:
-    cfg = config(mooncake_store, "share")
-    assert engine_proc(cfg, "store", 12, seed=7) == {"stored": 12, "tier_stores": 12}
-    assert engine_proc(cfg, "load", 12, seed=7) == {"hits": 12, "exact": 12}
-    other_tenant = config(mooncake_store, "share", cache_salt="tenant-b")
-    assert engine_proc(other_tenant, "load", 12, seed=7, timeout=1.5)["hits"] == 0
-
-
-@pytest.mark.parametrize("path", list(PATHS))
-def test_engine_round_trip_is_byte_exact(mooncake_store: MooncakeStore, path: str) -> None:
-    keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
-    data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
-    out = np.zeros_like(data)
-    cfg = config(mooncake_store, f"engine-rt-{path}", PATHS[path], primary_row_pad=ROW_PAD.get(path, 0))
-    with Engine(cfg) as eng:
-        assert isinstance(eng.tiers[0], MooncakeTier)
-        assert eng.row_stride == BLOCK + ROW_PAD.get(path, 0)
-        want = NAMES[path]
-        assert eng.tiers[0].config_info()["data_path"] == {"store": want, "load": want}
-        assert eng.store_blocks(keys, data) == 8
-        eng.drain()
-        eng.reset()
-        deadline = time.monotonic() + 10
-        while eng.lookup(keys).num_hits < 8:
-            assert time.monotonic() < deadline
-            eng.poll()
-            time.sleep(0.005)
-        assert eng.load_blocks(keys, out) == 8
-        assert np.array_equal(out, data)
+    engine_top: ClassVar[dict[str, Any]] = {"primary_row_pad": 4096}
+    row_stride = 8192 + 4096
+    path_name = "in place"
 
 
 def _tier(primary: PrimaryBuffer, store: MooncakeStore, prefix: str, **kw: Any) -> MooncakeTier:
     cfg = store.tier_config(key_prefix=prefix, **kw)
     del cfg["type"]
-    return MooncakeTier(primary_kv_view=primary.view, context=primary.context("mooncake"), **cfg)  # type: ignore[arg-type]
+    return MooncakeTier(primary_kv_view=primary.view, context=primary.context("mooncake"), **cfg)
 
 
 def _store(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) -> bool:
-    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32))
-    tier.submit_store(job)
-    return wait_for_jobs(tier, [jid], timeout=10)[jid].success
+    return run_job(tier, jid, keys, slots, load=False, timeout=10).success
 
 
 def _load(tier: MooncakeTier, keys: list[BlockKey], slots: list[int], jid: int) -> set[BlockKey]:
-    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32), is_promotion=True)
-    tier.submit_load(job)
-    return set(wait_for_jobs(tier, [jid], timeout=10)[jid].transferred(keys))
+    return set(run_job(tier, jid, keys, slots, load=True, timeout=10).transferred(keys))
 
 
 def test_staged_and_zero_copy_tiers_read_each_others_blocks(mooncake_store: MooncakeStore) -> None:
@@ -133,58 +134,6 @@ def test_staged_and_zero_copy_tiers_read_each_others_blocks(mooncake_store: Moon
     finally:
         for t in tiers:
             t.shutdown()
-
-
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize(
-    "damage", ["truncate", "flip_payload", "flip_header", "other_key", "empty", "extend"]
-)
-def test_damaged_values_are_never_served_and_are_replaced(
-    mooncake_store: MooncakeStore, damage: str, path: str
-) -> None:
-    primary = PrimaryBuffer.heap(4, 8192 + ROW_PAD.get(path, 0), 5000)
-    written = primary.fill_random([0, 1], seed=5)
-    a, b = BlockKey(b"victim"), BlockKey(b"donor")
-    prefix = f"corrupt-{damage}-{path}"
-    tier = _tier(primary, mooncake_store, prefix, **PATHS[path])
-    raw = raw_client(mooncake_store)
-    try:
-        assert _store(tier, [a, b], [0, 1], 1)
-        name = f"{prefix}/kvtier-test/{a.hex()}"
-        value = raw.get(name)
-        assert value.endswith(written[0])
-        if damage == "truncate":
-            value = value[:-100]
-        elif damage == "flip_payload":
-            value = value[:-1] + bytes([value[-1] ^ 1])
-        elif damage == "flip_header":
-            value = value[:10] + bytes([value[10] ^ 0xFF]) + value[11:]
-        elif damage == "other_key":
-            value = raw.get(f"{prefix}/kvtier-test/{b.hex()}")
-        elif damage == "empty":
-            value = b"\0"
-        else:
-            value = value + b"\0"
-        assert raw.upsert(name, value) == 0
-        primary.rows[2] = 0xAB
-        assert _load(tier, [a, b], [2, 3], 2) == {b}
-        assert not primary.block(2).any(), "a bad value must not stay in the slot"
-        assert primary.block(3).tobytes() == written[1]
-        assert tier.get_stats()["corrupt"] == 1
-        assert tier.lookup(a) is LookupResult.MISS  # forgotten, not served again
-        # The damaged value is leased (just read), so its removal is refused: the next store of the
-        # key replaces it (upsert) instead of keeping it as a plain put would.
-        tier.drain()
-        assert a in tier._rewrite
-        assert _store(tier, [a], [0], 3)
-        replaced = raw.get(name)
-        assert replaced.endswith(written[0]) and len(replaced) == 40 + len(a) + 5000
-        primary.rows[2] = 0
-        assert _load(tier, [a], [2], 4) == {a}
-        assert primary.block(2).tobytes() == written[0]
-    finally:
-        raw.close()
-        tier.shutdown()
 
 
 def test_in_place_blocks_are_everyones_and_only_the_row_pad_is_written(mooncake_store: MooncakeStore) -> None:
@@ -217,23 +166,6 @@ def test_in_place_blocks_are_everyones_and_only_the_row_pad_is_written(mooncake_
     finally:
         in_place.shutdown()
         staged.shutdown()
-
-
-def test_a_key_the_store_lost_is_a_miss_not_an_error(mooncake_store: MooncakeStore) -> None:
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    primary.fill_random([0], seed=6)
-    tier = _tier(primary, mooncake_store, "evicted")
-    raw = raw_client(mooncake_store)
-    try:
-        k = BlockKey(b"gone")
-        assert _store(tier, [k], [0], 1) and tier.lookup(k) is LookupResult.HIT
-        assert raw.remove(f"evicted/kvtier-test/{k.hex()}", True) == 0
-        assert _load(tier, [k], [1], 2) == set()
-        assert tier.lookup(k) is LookupResult.MISS and tier.get_stats()["failed_jobs"] == 1
-        assert tier.get_stats()["breaker_open"] == 0
-    finally:
-        raw.close()
-        tier.shutdown()
 
 
 def test_a_full_store_drops_stores_and_pauses_them(tmp_path: Path) -> None:

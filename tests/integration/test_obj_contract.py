@@ -24,7 +24,7 @@ def obj_options(workdir: Path, **kw: Any) -> dict[str, Any]:
     s3 = s3_settings()
     return {
         "bucket": BUCKET,
-        "prefix": "t" + hashlib.sha1(str(workdir).encode()).hexdigest()[:12],
+        "key_prefix": "t" + hashlib.sha1(str(workdir).encode()).hexdigest()[:12],
         "endpoint_url": s3["endpoint_url"],
         "access_key_id": s3["access_key_id"],
         "secret_access_key": s3["secret_access_key"],
@@ -67,7 +67,7 @@ class TestObjContractBounded(AsyncTierContractTests):
             context=primary.context("obj"),
             **obj_options(
                 workdir,
-                io_threads=2,
+                threads=2,
                 batch_blocks=1,
                 max_bytes="10MiB",
                 backpressure=_NO_GATE,

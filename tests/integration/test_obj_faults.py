@@ -30,7 +30,7 @@ def test_gateway_stopped_then_restarted(tmp_path: Path) -> None:
     primary = PrimaryBuffer.heap(16, 8192, 5000)
     primary.fill_random(range(16), seed=1)
     opts = obj_options(
-        tmp_path, op_timeout=DEADLINE, retries=0, breaker_failures=2, breaker_reset=0.5, io_threads=2
+        tmp_path, op_timeout=DEADLINE, retries=0, breaker_failures=2, breaker_reset=0.5, threads=2
     )
     tier = ObjTier(primary_kv_view=primary.view, context=primary.context("obj"), **opts)
     ids = itertools.count(1)

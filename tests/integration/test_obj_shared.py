@@ -1,33 +1,27 @@
-"""The obj tier on a real S3 gateway (Ceph RGW): through the engine, shared by two engine
-processes, tenants apart, damaged objects never served, multipart for large blocks, max_bytes."""
+"""The obj tier on a real S3 gateway (Ceph RGW) as a shared store (kvtier.testing.SharedStoreTests:
+through the engine, shared by two engine processes, tenants apart, damaged objects never served, a
+deleted object a miss); then what only S3 has: long keys' headers in the body, both data paths
+reading each other's objects, multipart for large blocks, max_bytes, the warming listing."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import pytest
 from needs import need_module
 from remote_servers import s3_settings
 from test_obj_contract import BUCKET, obj_options
 
-from kvtier.engine import Engine
-from kvtier.jobs import TransferJob
+from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.testing import PrimaryBuffer, wait_for_jobs
+from kvtier.testing import PrimaryBuffer, SharedStoreTests, run_job
+from kvtier.tiers.remote import RemoteTier
 
 need_module("boto3", "s3")
 
 from kvtier.tiers.obj import ObjTier  # noqa: E402
-
-BLOCK = 256 * 1024
-PROC = Path(__file__).with_name("remote_engine_proc.py")
 
 
 def raw_client() -> Any:
@@ -40,94 +34,49 @@ def raw_client() -> Any:
     )  # fmt: skip
 
 
-def engine_config(prefix: str, **top: Any) -> dict[str, Any]:
-    opts = obj_options(Path(prefix))
-    opts["prefix"] = prefix
-    return {
-        "block_bytes": BLOCK,
-        "cpu_bytes_to_use": 16 * BLOCK,
-        "model": "obj-shared-test",
-        "secondary_tiers": [{"type": "obj", **opts}],
-        **top,
-    }
-
-
-def engine_proc(cfg: dict[str, Any], mode: str, n: int, seed: int, timeout: float = 15.0) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(PROC), json.dumps(cfg), mode, str(n), str(seed), str(timeout)],
-        capture_output=True, text=True, timeout=120, check=True,
+class TestObjShared(SharedStoreTests):
+    patience = 20.0
+    #: An object is the payload alone, its header in the metadata: damage either.
+    damages: ClassVar[tuple[str, ...]] = (
+        "truncate", "flip_payload", "other_key", "empty", "no_metadata", "bad_metadata",
     )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
 
+    def tier_config(self, prefix: str, **options: Any) -> dict[str, Any]:
+        return {"type": "obj", **obj_options(Path(prefix), key_prefix=prefix, **options)}
 
-def test_two_engine_processes_share_a_bucket_and_tenants_never_do() -> None:
-    cfg = engine_config(f"share-{uuid.uuid4().hex[:8]}")
-    assert engine_proc(cfg, "store", 8, seed=11) == {"stored": 8, "tier_stores": 8}
-    assert engine_proc(cfg, "load", 8, seed=11) == {"hits": 8, "exact": 8}
-    assert engine_proc({**cfg, "cache_salt": "tenant-b"}, "load", 8, seed=11, timeout=2.0)["hits"] == 0
+    def make_tier(self, primary: PrimaryBuffer, prefix: str, **options: Any) -> ObjTier:
+        opts = obj_options(Path(prefix), key_prefix=prefix, **options)
+        return ObjTier(primary_kv_view=primary.view, context=primary.context("obj"), **opts)
 
-
-def test_engine_round_trip_is_byte_exact() -> None:
-    keys = [BlockKey(f"e{i}".encode()) for i in range(6)]
-    data = np.random.default_rng(4).integers(0, 256, (6, BLOCK), dtype=np.uint8)
-    out = np.zeros_like(data)
-    with Engine(engine_config(f"rt-{uuid.uuid4().hex[:8]}")) as eng:
-        assert isinstance(eng.tiers[0], ObjTier)
-        assert eng.store_blocks(keys, data) == 6
-        eng.drain()
-        eng.reset()
-        deadline = time.monotonic() + 20
-        while eng.lookup(keys).num_hits < 6:
-            assert time.monotonic() < deadline
-            eng.poll()
-            time.sleep(0.005)
-        assert eng.load_blocks(keys, out) == 6
-        assert np.array_equal(out, data)
-
-
-def _run(tier: ObjTier, keys: list[BlockKey], slots: list[int], jid: int, *, load: bool) -> Any:
-    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32), is_promotion=load)
-    (tier.submit_load if load else tier.submit_store)(job)
-    return wait_for_jobs(tier, [jid], timeout=60)[jid]
-
-
-@pytest.mark.parametrize(
-    "damage", ["truncate", "flip_payload", "other_key", "empty", "no_metadata", "bad_metadata"]
-)
-def test_damaged_objects_are_never_served(tmp_path: Path, damage: str) -> None:
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    written = primary.fill_random([0, 1], seed=5)
-    a, b = BlockKey(b"victim"), BlockKey(b"donor")
-    tier = ObjTier(primary_kv_view=primary.view, context=primary.context("obj"), **obj_options(tmp_path))
-    try:
-        assert _run(tier, [a, b], [0, 1], 1, load=False).success
+    def damage(self, tier: RemoteTier, victim: BlockKey, donor: BlockKey, how: str, payload: bytes) -> None:
+        assert isinstance(tier, ObjTier)
         raw = raw_client()
-        name = tier.object_name(a)
+        name = tier.object_name(victim)
         got = raw.get_object(Bucket=BUCKET, Key=name)
         value, meta = got["Body"].read(), got["Metadata"]
-        assert value == written[0] and set(meta) == {"kvtier-head"}  # the header rides in metadata
-        if damage == "truncate":
+        assert value == payload and set(meta) == {"kvtier-head"}  # the header rides in metadata
+        if how == "truncate":
             value = value[: len(value) // 2]
-        elif damage == "flip_payload":
+        elif how == "flip_payload":
             value = value[:-7] + bytes([value[-7] ^ 0x10]) + value[-6:]
-        elif damage == "other_key":
-            other = raw.get_object(Bucket=BUCKET, Key=tier.object_name(b))
+        elif how == "other_key":
+            other = raw.get_object(Bucket=BUCKET, Key=tier.object_name(donor))
             value, meta = other["Body"].read(), other["Metadata"]
-        elif damage == "no_metadata":
+        elif how == "no_metadata":
             meta = {}
-        elif damage == "bad_metadata":
+        elif how == "bad_metadata":
             meta = {"kvtier-head": "not*base64"}
         else:
             value = b""
         raw.put_object(Bucket=BUCKET, Key=name, Body=value, Metadata=meta)
-        primary.rows[2] = 0
-        got = _run(tier, [a, b], [2, 3], 2, load=True)
-        assert set(got.transferred([a, b])) == {b}
-        assert not primary.block(2).any() and primary.block(3).tobytes() == written[1]
-        assert tier.get_stats()["corrupt"] == 1 and tier.lookup(a) is LookupResult.MISS
-    finally:
-        tier.shutdown()
+
+    def raw_delete(self, tier: RemoteTier, key: BlockKey) -> None:
+        assert isinstance(tier, ObjTier)
+        raw_client().delete_object(Bucket=BUCKET, Key=tier.object_name(key))
+
+
+def _run(tier: ObjTier, keys: list[BlockKey], slots: list[int], jid: int, *, load: bool) -> JobResult:
+    return run_job(tier, jid, keys, slots, load=load, timeout=60)
 
 
 def test_long_keys_lead_the_body_with_their_header(tmp_path: Path) -> None:
@@ -198,7 +147,7 @@ def test_max_bytes_deletes_the_oldest_objects(tmp_path: Path) -> None:
     size = 65536  # the object is the payload alone (the header rides in metadata)
     tier = ObjTier(
         primary_kv_view=primary.view, context=primary.context("obj"),
-        **obj_options(tmp_path, max_bytes=4 * size, io_threads=1),
+        **obj_options(tmp_path, max_bytes=4 * size, threads=1),
     )  # fmt: skip
     try:
         keys = [BlockKey(f"cap{i}".encode()) for i in range(6)]

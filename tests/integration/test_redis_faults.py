@@ -1,132 +1,55 @@
-"""The redis tier against real server faults: redis-server killed mid-run and restarted, stalled
-(SIGSTOP) and resumed, one Cluster master killed. Stores drop, lookups miss within the deadline,
-no call on the engine's thread blocks, and the tier recovers by itself."""
+"""The redis tier against real server faults (kvtier.testing.RemoteFaultTests): redis-server killed
+mid-run and restarted, stalled (SIGSTOP) and resumed; then what only Redis has: one Cluster master
+killed, the batched lookup with the breaker open, idle connections the server closed."""
 
 from __future__ import annotations
 
-import itertools
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from needs import need_module
 from remote_servers import RedisCluster, RedisServer
 
-from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.testing import PrimaryBuffer, wait_for_jobs
+from kvtier.testing import PrimaryBuffer
+from kvtier.testing.faults import EngineDriver, RemoteFaultTests, block_keys
 
 need_module("redis", "redis")
 
 from kvtier.tiers.redis import RedisTier  # noqa: E402
 
-DEADLINE = 0.3
-OPTS: dict[str, Any] = {"op_timeout": DEADLINE, "breaker_failures": 2, "breaker_reset": 0.3, "threads": 2}
+DEADLINE = RemoteFaultTests.deadline
+OPTS: dict[str, Any] = {"op_timeout": DEADLINE, **RemoteFaultTests.options}
+keys = block_keys
 
 
-class Driver:
-    """Submits jobs like an engine and times every call made on the "engine thread"."""
+class TestRedisFaults(RemoteFaultTests):
+    faults = ("kill", "stall")
 
-    def __init__(self, tier: RedisTier, primary: PrimaryBuffer) -> None:
-        self.tier, self.primary = tier, primary
-        self.ids = itertools.count(1)
-        self.slowest = 0.0
+    @pytest.fixture(autouse=True)
+    def _server(self, tmp_path: Path) -> Iterator[None]:
+        self.server = RedisServer(tmp_path / "r")
+        yield
+        self.server.kill()
 
-    def timed(self, fn: Any, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.slowest = max(self.slowest, time.perf_counter() - t0)
-        return out
+    def make_tier(self, primary: PrimaryBuffer, **options: Any) -> RedisTier:
+        return RedisTier(
+            primary_kv_view=primary.view, context=primary.context("redis"), url=self.server.url, **options
+        )
 
-    def run(self, keys: list[BlockKey], slots: list[int], *, load: bool) -> JobResult:
-        job = TransferJob(next(self.ids), keys, np.asarray(slots, dtype=np.int32), is_promotion=load)
-        t0 = time.monotonic()
-        self.timed(self.tier.submit_load if load else self.tier.submit_store, job)
-        result = wait_for_jobs(self.tier, [job.job_id], timeout=10)[job.job_id]
-        # Every job is reported within a few deadlines, whatever the server does.
-        assert time.monotonic() - t0 < 4 * DEADLINE + 0.5
-        return result
+    def break_service(self, fault: str) -> None:
+        self.server.kill() if fault == "kill" else self.server.pause()
 
-    def lookup(self, key: BlockKey) -> LookupResult:
-        answer: LookupResult = self.timed(self.tier.lookup, key)
-        return answer
+    def restore_service(self, fault: str) -> None:
+        # A killed server comes back on the same port, empty: the blocks are gone.
+        self.server.start() if fault == "kill" else self.server.resume()
 
 
-def keys(tag: str, n: int) -> list[BlockKey]:
-    return [BlockKey(f"{tag}{i}".encode()) for i in range(n)]
-
-
-@pytest.mark.parametrize("fault", ["kill", "stall"])
-def test_server_down_then_back(tmp_path: Path, fault: str) -> None:
-    server = RedisServer(tmp_path / "r")
-    primary = PrimaryBuffer.heap(16, 8192, 5000)
-    primary.fill_random(range(16), seed=1)
-    tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **OPTS)
-    d = Driver(tier, primary)
-    try:
-        held = keys("held", 4)
-        assert d.run(held, [0, 1, 2, 3], load=False).success
-        assert d.lookup(held[0]) is LookupResult.HIT
-        server.kill() if fault == "kill" else server.pause()
-        t_fault = time.monotonic()
-        # Loads of held keys fail; after breaker_failures of them lookups answer MISS.
-        while d.lookup(held[0]) is LookupResult.HIT:
-            assert not d.run(held[:1], [8], load=True).success
-            assert time.monotonic() - t_fault < 6 * DEADLINE + 1
-        assert tier.get_stats()["breaker_open"] == 1
-        # While open: stores are dropped at once and counted, loads fail at once.
-        before = tier.get_stats()["dropped_stores"]
-        result = d.run(keys("new", 2), [4, 5], load=False)
-        assert not result.success and "breaker" in (result.error or "")
-        assert tier.get_stats()["dropped_stores"] == before + 2
-        assert not d.run(held[:1], [9], load=True).success
-        assert d.slowest < DEADLINE, f"an engine-thread call took {d.slowest:.3f}s"
-        if fault == "kill":
-            server.start()  # same port, empty: the blocks are gone, the server is back
-        else:
-            server.resume()
-        # The tier recovers by itself (half-open trials), without being rebuilt.
-        deadline = time.monotonic() + 10
-        fresh = keys("fresh", 2)
-        while not d.run(fresh, [6, 7], load=False).success:
-            assert time.monotonic() < deadline, "the tier did not recover after the server came back"
-            time.sleep(0.1)
-        assert d.lookup(fresh[0]) is LookupResult.HIT
-        assert d.run(fresh, [10, 11], load=True).success
-        assert primary.block(10).tobytes() == primary.block(6).tobytes()
-        assert tier.get_stats()["breaker_open"] == 0 and tier.get_stats()["breaker_opens"] >= 1
-        assert d.slowest < DEADLINE
-    finally:
-        tier.shutdown()
-        server.kill()
-
-
-def test_lookups_reopen_the_breaker_without_traffic(tmp_path: Path) -> None:
-    """With no jobs at all, lookups start the half-open probe; the breaker closes once the server
-    is back (the probe is a real command, not a health call)."""
-    server = RedisServer(tmp_path / "r")
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    primary.fill_random(range(4), seed=2)
-    tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **OPTS)
-    d = Driver(tier, primary)
-    try:
-        k = keys("p", 1)
-        assert d.run(k, [0], load=False).success
-        server.kill()
-        while d.lookup(k[0]) is LookupResult.HIT:
-            d.run(k, [1], load=True)
-        server.start()
-        deadline = time.monotonic() + 10
-        while tier.get_stats()["breaker_open"]:
-            assert time.monotonic() < deadline
-            d.lookup(k[0])
-            time.sleep(0.05)
-        assert d.slowest < DEADLINE
-    finally:
-        tier.shutdown()
-        server.kill()
+def driver(tier: RedisTier) -> EngineDriver:
+    return EngineDriver(tier, job_limit=4 * DEADLINE + 0.5, patience=10)
 
 
 def test_cluster_node_killed_only_its_keys_miss(tmp_path: Path) -> None:
@@ -134,7 +57,7 @@ def test_cluster_node_killed_only_its_keys_miss(tmp_path: Path) -> None:
     primary = PrimaryBuffer.heap(64, 8192, 5000)
     primary.fill_random(range(30), seed=3)
     tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=cluster.url, **OPTS)
-    d = Driver(tier, primary)
+    d = driver(tier)
     try:
         ks = keys("c", 30)
         assert d.run(ks, list(range(30)), load=False).success
@@ -168,7 +91,7 @@ def test_lookup_many_answers_and_counts_like_lookup(tmp_path: Path) -> None:
     primary = PrimaryBuffer.heap(8, 8192, 5000)
     primary.fill_random(range(8), seed=3)
     tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **OPTS)
-    d = Driver(tier, primary)
+    d = driver(tier)
 
     def both(asked: list[BlockKey]) -> None:
         before = tier.get_stats()
@@ -207,7 +130,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(tmp_path: Path, h
     written = primary.fill_random(range(4), seed=3)
     one = {**OPTS, "threads": 1}  # one worker, one connection: the one the server closes
     tier = RedisTier(primary_kv_view=primary.view, context=primary.context("redis"), url=server.url, **one)
-    d = Driver(tier, primary)
+    d = driver(tier)
     try:
         held = keys("idle", 2)
         assert d.run(held, [0, 1], load=False).success

@@ -1,81 +1,79 @@
-"""The redis tier behind the real engine, shared between real processes: byte-exact round trips,
-two engine processes hitting each other's blocks through one Redis and one Cluster, tenants
-(cache_salt) never sharing, and corrupted or truncated values never served."""
+"""The redis tier behind the real engine, shared between real processes
+(kvtier.testing.SharedStoreTests), on one Redis and on a Cluster; then what only Redis has: TTLs on
+pipelined writes and unix-socket URLs."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from needs import need_module
 from remote_servers import RedisServer
 
-from kvtier.engine import Engine
-from kvtier.jobs import TransferJob
-from kvtier.keys import BlockKey, LookupResult
-from kvtier.testing import PrimaryBuffer, wait_for_jobs
+from kvtier.keys import BlockKey
+from kvtier.testing import PrimaryBuffer, SharedStoreTests, run_job
+from kvtier.tiers.remote import RemoteTier
 
 need_module("redis", "redis")
 
+import redis  # noqa: E402
+
 from kvtier.tiers.redis import RedisTier  # noqa: E402
 
-BLOCK = 256 * 1024
-PROC = Path(__file__).with_name("remote_engine_proc.py")
+
+class TestRedisShared(SharedStoreTests):
+    @pytest.fixture(autouse=True)
+    def _server(self, redis_single: RedisServer) -> None:
+        self.url = redis_single.url  # the session's server (conftest.py)
+
+    def tier_config(self, prefix: str, **options: Any) -> dict[str, Any]:
+        return {"type": "redis", "url": self.url, "key_prefix": prefix, **options}
+
+    def make_tier(self, primary: PrimaryBuffer, prefix: str, **options: Any) -> RedisTier:
+        return _tier(primary, self.url, prefix, **options)
+
+    def _name(self, tier: RemoteTier, key: BlockKey) -> bytes:
+        return f"{tier.options.key_prefix}:kvtier-test:".encode() + key  # type: ignore[attr-defined]
+
+    def raw_get(self, tier: RemoteTier, key: BlockKey) -> bytes:
+        with redis.Redis.from_url(self.url) as raw:
+            value = raw.get(self._name(tier, key))
+        assert isinstance(value, bytes)
+        return value
+
+    def raw_put(self, tier: RemoteTier, key: BlockKey, value: bytes) -> None:
+        with redis.Redis.from_url(self.url) as raw:
+            raw.set(self._name(tier, key), value)
+
+    def raw_delete(self, tier: RemoteTier, key: BlockKey) -> None:
+        with redis.Redis.from_url(self.url) as raw:
+            assert raw.delete(self._name(tier, key)) == 1
 
 
-def config(url: str, prefix: str, **top: Any) -> dict[str, Any]:
-    return {
-        "block_bytes": BLOCK,
-        "cpu_bytes_to_use": 16 * BLOCK,
-        "model": "redis-shared-test",
-        "secondary_tiers": [{"type": "redis", "url": url, "key_prefix": prefix}],
-        **top,
-    }
+class TestRedisClusterShared(TestRedisShared):
+    """The same scenarios on a three-master Cluster (keys routed to their slot's master)."""
 
+    @pytest.fixture(autouse=True)
+    def _server(self, redis_cluster: Any) -> None:
+        self.url = redis_cluster.url
 
-def engine_proc(cfg: dict[str, Any], mode: str, n: int, seed: int, timeout: float = 10.0) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(PROC), json.dumps(cfg), mode, str(n), str(seed), str(timeout)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    def _raw(self) -> Any:
+        return redis.RedisCluster.from_url(self.url.replace("+cluster://", "://", 1))
 
+    def raw_get(self, tier: RemoteTier, key: BlockKey) -> bytes:
+        with self._raw() as raw:
+            value = raw.get(self._name(tier, key))
+        assert isinstance(value, bytes)
+        return value
 
-@pytest.mark.parametrize("kind", ["single", "cluster"])
-def test_two_engine_processes_share_blocks_and_tenants_never_do(
-    kind: str, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue(f"redis_{kind}").url  # the session's servers (conftest.py)
-    cfg = config(url, f"share-{kind}")
-    assert engine_proc(cfg, "store", 12, seed=7) == {"stored": 12, "tier_stores": 12}
-    assert engine_proc(cfg, "load", 12, seed=7) == {"hits": 12, "exact": 12}
-    other_tenant = config(url, f"share-{kind}", cache_salt="tenant-b")
-    assert engine_proc(other_tenant, "load", 12, seed=7, timeout=1.5)["hits"] == 0
+    def raw_put(self, tier: RemoteTier, key: BlockKey, value: bytes) -> None:
+        with self._raw() as raw:
+            raw.set(self._name(tier, key), value)
 
-
-def test_engine_round_trip_is_byte_exact(redis_single: RedisServer) -> None:
-    keys = [BlockKey(f"e{i}".encode()) for i in range(8)]
-    data = np.random.default_rng(3).integers(0, 256, (8, BLOCK), dtype=np.uint8)
-    out = np.zeros_like(data)
-    with Engine(config(redis_single.url, "engine-rt")) as eng:
-        assert isinstance(eng.tiers[0], RedisTier)
-        assert eng.store_blocks(keys, data) == 8
-        eng.drain()
-        eng.reset()
-        deadline = time.monotonic() + 10
-        while eng.lookup(keys).num_hits < 8:
-            assert time.monotonic() < deadline
-            eng.poll()
-            time.sleep(0.005)
-        assert eng.load_blocks(keys, out) == 8
-        assert np.array_equal(out, data)
+    def raw_delete(self, tier: RemoteTier, key: BlockKey) -> None:
+        with self._raw() as raw:
+            assert raw.delete(self._name(tier, key)) == 1
 
 
 def _tier(primary: PrimaryBuffer, url: str, prefix: str, **kw: Any) -> RedisTier:
@@ -85,82 +83,17 @@ def _tier(primary: PrimaryBuffer, url: str, prefix: str, **kw: Any) -> RedisTier
 
 
 def _store(tier: RedisTier, keys: list[BlockKey], slots: list[int], jid: int) -> bool:
-    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32))
-    tier.submit_store(job)
-    return wait_for_jobs(tier, [jid], timeout=10)[jid].success
+    return run_job(tier, jid, keys, slots, load=False, timeout=10).success
 
 
 def _load(tier: RedisTier, keys: list[BlockKey], slots: list[int], jid: int) -> set[BlockKey]:
-    job = TransferJob(jid, keys, np.asarray(slots, dtype=np.int32), is_promotion=True)
-    tier.submit_load(job)
-    return set(wait_for_jobs(tier, [jid], timeout=10)[jid].transferred(keys))
-
-
-@pytest.mark.parametrize(
-    "damage",
-    ["truncate", "flip_payload", "flip_header", "other_key", "empty", "extend"],
-)
-def test_corrupted_or_truncated_values_are_never_served(redis_single: RedisServer, damage: str) -> None:
-    import redis
-
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    written = primary.fill_random([0, 1], seed=5)
-    a, b = BlockKey(b"victim"), BlockKey(b"donor")
-    prefix = f"corrupt-{damage}"
-    tier = _tier(primary, redis_single.url, prefix)
-    try:
-        assert _store(tier, [a, b], [0, 1], 1)
-        raw = redis.Redis.from_url(redis_single.url)
-        name = f"{prefix}:kvtier-test:".encode() + a
-        value = raw.get(name)
-        assert value is not None and value.endswith(written[0])
-        if damage == "truncate":
-            value = value[:-100]
-        elif damage == "flip_payload":
-            value = value[:-1] + bytes([value[-1] ^ 1])
-        elif damage == "flip_header":
-            value = value[:10] + bytes([value[10] ^ 0xFF]) + value[11:]
-        elif damage == "other_key":
-            value = raw.get(f"{prefix}:kvtier-test:".encode() + b)
-        elif damage == "empty":
-            value = b""
-        else:
-            value = value + b"\0"
-        raw.set(name, value)
-        primary.rows[2] = 0
-        assert _load(tier, [a, b], [2, 3], 2) == {b}
-        assert not primary.block(2).any(), "a bad value must not reach the slot"
-        assert primary.block(3).tobytes() == written[1]
-        assert tier.get_stats()["corrupt"] == 1
-        assert tier.lookup(a) is LookupResult.MISS  # forgotten, not served again
-        raw.close()
-    finally:
-        tier.shutdown()
-
-
-def test_a_key_the_server_evicted_is_a_miss_not_an_error(redis_single: RedisServer) -> None:
-    import redis
-
-    primary = PrimaryBuffer.heap(4, 8192, 5000)
-    primary.fill_random([0], seed=6)
-    tier = _tier(primary, redis_single.url, "evicted")
-    try:
-        k = BlockKey(b"gone")
-        assert _store(tier, [k], [0], 1) and tier.lookup(k) is LookupResult.HIT
-        redis.Redis.from_url(redis_single.url).delete(b"evicted:kvtier-test:gone")
-        assert _load(tier, [k], [1], 2) == set()
-        assert tier.lookup(k) is LookupResult.MISS and tier.get_stats()["failed_jobs"] == 1
-        assert tier.get_stats()["breaker_open"] == 0
-    finally:
-        tier.shutdown()
+    return set(run_job(tier, jid, keys, slots, load=True, timeout=10).transferred(keys))
 
 
 @pytest.mark.parametrize("block", [5000, 64 << 10], ids=["small", "large"])
 def test_ttl_expires_blocks(redis_single: RedisServer, block: int) -> None:
     """Every SET of a pipelined chunk carries the expiry, whether its payload is joined with the
     command (small) or sent as the slot's own memory (large), and the values read back intact."""
-    import redis
-
     primary = PrimaryBuffer.heap(8, block, block)
     written = primary.fill_random([0, 1, 2], seed=8)
     tier = _tier(primary, redis_single.url, f"ttl{block}", ttl=30, batch_blocks=3, threads=1)

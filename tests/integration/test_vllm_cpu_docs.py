@@ -118,9 +118,4 @@ def test_the_commands_run_as_written(tmp_path: Path) -> None:
             server.wait(10)
         log.close()
     defects = kvtier_defects((tmp_path / "server.log").read_text(errors="replace"))
-    if defects and all("mmap_obj" in d or "BufferError" in d or "exported pointers" in d for d in defects):
-        # Known and open (issue 25): with the fs tier, a Ctrl-C right after requests can still find
-        # the tier's view of vLLM's region alive when vLLM unmaps it (seen in a full CI run; the
-        # redis server and the in-process engines shut down clean). Any other defect fails.
-        pytest.xfail("fs tier still held vLLM's offload region at SIGINT: " + "; ".join(defects[:2]))
     assert not defects

@@ -10,38 +10,32 @@ docs/vllm.md says (``python -m vllm.entrypoints.openai.api_server``; the ``vllm`
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from needs import need_module
-from remote_servers import RedisServer, free_port
+from remote_servers import RedisServer
 from vllm_cpu import (
     BLOCK_TOKENS,
-    engine_env,
     kv_config,
     kvtier_defects,
     prompt,
     run_driver,
     shared_model,
     shm_leftovers,
-    vllm_cpu_python,
 )
+from vllm_cpu_server import Server, cached_tokens, counter_total
 
 pytestmark = pytest.mark.slow
 
 TOKENS = 2000
 FULL_BLOCKS = TOKENS // BLOCK_TOKENS
 PROMPT = prompt(2, TOKENS)
-START_TIMEOUT = 300.0
 
 
 class Subscriber:
@@ -109,102 +103,6 @@ def _extra(redis_url: str, *, kv_events: bool = False) -> dict[str, Any]:
     }
 
 
-class Server:
-    """One ``api_server`` process on a free loopback port; its log goes to a file."""
-
-    def __init__(
-        self, model: Path, extra: dict[str, Any], workdir: Path, kv_events: dict[str, Any] | None = None
-    ) -> None:
-        self.engine_id = f"kvtier-test-{uuid.uuid4().hex[:12]}"
-        self.port = free_port()
-        self.model = str(model)
-        self.log_path = workdir / "server.log"
-        args = [
-            vllm_cpu_python(), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-            "--block-size", str(BLOCK_TOKENS), "--gpu-memory-utilization", "0.3", "--enforce-eager",
-            "--max-model-len", "4096", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
-            "--shutdown-timeout", "30",
-            "--kv-transfer-config", json.dumps(kv_config(extra, self.engine_id)),
-        ]  # fmt: skip
-        if kv_events is not None:
-            args += ["--kv-events-config", json.dumps(kv_events)]
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            args,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=engine_env(VLLM_SERVER_DEV_MODE="1"),
-            cwd=workdir,
-        )
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"vLLM server exited {self.proc.returncode}:\n{self.log()[-6000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise AssertionError(f"vLLM server not ready in {START_TIMEOUT} s:\n{self.log()[-6000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else b""
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", data=data, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=120) as r:
-            raw = r.read()
-        return json.loads(raw) if raw.strip() else None
-
-    def complete(self, ids: list[int]) -> dict[str, Any]:
-        start = time.perf_counter()
-        out = self.post(
-            "/v1/completions",
-            {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 5},
-        )
-        out["seconds"] = time.perf_counter() - start
-        return dict(out)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            return str(r.read().decode())
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 90) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        return int(self.proc.returncode)
-
-
-def _cached(out: dict[str, Any]) -> int:
-    details = (out.get("usage") or {}).get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
-
-
-def _counter(metrics: str, name: str) -> float:
-    """Sum of a counter family's samples (``name_total``) in a Prometheus exposition."""
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(f"{name}_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
@@ -249,7 +147,7 @@ def served(server: Server) -> dict[str, Any]:
     reference = server.complete(PROMPT)
     # Stores cascade to redis in the background; wait until kvtier counted them before the reset.
     deadline = time.monotonic() + 60
-    while _counter(server.metrics(), "kvtier:tier_stores") < FULL_BLOCKS and time.monotonic() < deadline:
+    while counter_total(server.metrics(), "kvtier:tier_stores") < FULL_BLOCKS and time.monotonic() < deadline:
         time.sleep(0.5)
     # vLLM refuses a reset (success false) while an offload transfer is in flight: ask again.
     deadline = time.monotonic() + 60
@@ -260,16 +158,18 @@ def served(server: Server) -> dict[str, Any]:
     # vLLM collects a tier's counters at its next engine step; an idle server takes none, so a short
     # request (its own prompt, nothing to load) makes the step that reports the loads above.
     deadline = time.monotonic() + 60
-    while _counter(server.metrics(), "kvtier:tier_loads") < FULL_BLOCKS - 1 and time.monotonic() < deadline:
+    while (
+        counter_total(server.metrics(), "kvtier:tier_loads") < FULL_BLOCKS - 1 and time.monotonic() < deadline
+    ):
         server.complete(prompt(99, 40))
         time.sleep(0.5)
     return {"cold": cold, "reference": reference, "again": again, "metrics": server.metrics()}
 
 
 def test_the_server_serves_a_repeated_prompt_from_redis(served: dict[str, Any]) -> None:
-    assert _cached(served["cold"]) == 0
-    assert _cached(served["reference"]) >= (FULL_BLOCKS - 1) * BLOCK_TOKENS
-    assert _cached(served["again"]) >= (FULL_BLOCKS - 1) * BLOCK_TOKENS, served["again"]
+    assert cached_tokens(served["cold"]) == 0
+    assert cached_tokens(served["reference"]) >= (FULL_BLOCKS - 1) * BLOCK_TOKENS
+    assert cached_tokens(served["again"]) >= (FULL_BLOCKS - 1) * BLOCK_TOKENS, served["again"]
     ref, again = served["reference"]["choices"][0], served["again"]["choices"][0]
     assert again["text"] == ref["text"]
     ref_top = ref["logprobs"]["top_logprobs"][0]
@@ -283,8 +183,8 @@ def test_kvtier_families_are_on_the_servers_metrics(served: dict[str, Any]) -> N
     metrics = served["metrics"]
     assert 'kvtier_tier="kvtier-redis"' in metrics
     ours = "\n".join(line for line in metrics.splitlines() if "kvtier" in line)
-    assert _counter(metrics, "kvtier:tier_stores") >= FULL_BLOCKS, ours
-    assert _counter(metrics, "kvtier:tier_loads") >= FULL_BLOCKS - 1, ours
+    assert counter_total(metrics, "kvtier:tier_stores") >= FULL_BLOCKS, ours
+    assert counter_total(metrics, "kvtier:tier_loads") >= FULL_BLOCKS - 1, ours
 
 
 def test_kv_events_announce_the_blocks_kvtier_holds(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mooncake_servers import LOOPBACK_ENV, mooncake_store
+from mooncake_servers import LOOPBACK_ENV
 from needs import need_module
 from remote_servers import RedisServer, s3_settings
 from vllm_helpers import ROW_BYTES, VllmStack, assert_exact, offload_keys, offloading_config
@@ -39,8 +39,6 @@ from kvtier.cli.check import check_config
 from kvtier.config import load_config
 from kvtier.engine.build import config_namespace
 from kvtier.integrations.vllm import compat
-
-__all__ = ["mooncake_store"]  # the module's mooncake fixture, started only for a mooncake block
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 _SERVE = re.compile(r"^vllm serve \S+ --kv-transfer-config '(\{.*\})'$", re.MULTILINE)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mooncake_servers import LOOPBACK_ENV, MooncakeStore, mooncake_store
+from mooncake_servers import LOOPBACK_ENV, MooncakeStore
 from needs import need_module
 from remote_servers import CephGateway, RedisCluster, RedisServer, s3_settings
 from vllm_helpers import need_vllm
@@ -30,8 +30,6 @@ from vllm_scenarios import (
 )
 
 need_vllm()
-
-__all__ = ["mooncake_store"]  # the module's mooncake fixture
 
 # Short deadlines so a dead server turns into misses quickly (the tiers' defaults are 1-2 s).
 FAST = {"op_timeout": 0.5, "breaker_reset": 0.5, "negative_ttl": 0.2}
@@ -134,7 +132,7 @@ def _obj(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dic
     monkeypatch.setenv("KVTIER_TEST_VLLM_S3_KEY", s3["access_key_id"])
     monkeypatch.setenv("KVTIER_TEST_VLLM_S3_SECRET", s3["secret_access_key"])
     return remote_entry(
-        "obj", bucket="kvtier-tests", prefix=_prefix(request), endpoint_url=s3["endpoint_url"],
+        "obj", bucket="kvtier-tests", key_prefix=_prefix(request), endpoint_url=s3["endpoint_url"],
         region="us-east-1", addressing_style="path", create_bucket=True,
         access_key_env="KVTIER_TEST_VLLM_S3_KEY", secret_key_env="KVTIER_TEST_VLLM_S3_SECRET",
         **{**FAST, "op_timeout": 3.0},  # a gateway on a loaded 2-core machine answers slowly at first

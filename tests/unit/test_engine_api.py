@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtier.engine import Engine, EngineEvent, LookupReport, RequestContext
 from kvtier.errors import MisuseError
@@ -212,6 +214,82 @@ def scripted(slots: int = 4, **extra: Any) -> tuple[Engine, ScriptedTier]:
     tier = e.tiers[0]
     assert isinstance(tier, ScriptedTier)
     return e, tier
+
+
+def test_coalesced_promotions_go_out_as_one_job_at_the_next_poll() -> None:
+    """Keys looked up one at a time (vLLM's scheduler) are promoted as one job per tier, handed
+    to the tier at the next poll; a refused hand-over frees the slots (later lookups miss)."""
+    e, tier = scripted(16, max_inflight_jobs=4, promotion_share=0.25)  # one promotion job allowed
+    with e:
+        e.coalesce_promotions = True
+        tier.held = {K(i) for i in range(100, 106)}
+        for i in range(100, 106):
+            assert e.lookup([K(i)]).results == [PENDING]  # slot reserved, load staged
+        assert tier.open == {}  # nothing handed over yet
+        st = e.stats()
+        assert st["promotions_rejected"] == 0 and st["jobs_submitted"] == 1
+        e.poll()
+        (job,) = tier.open.values()
+        assert list(job.keys) == [K(i) for i in range(100, 106)]
+        tier.finish_all()
+        e.poll()
+        assert e.lookup([K(i) for i in range(100, 106)]).results == [HIT] * 6
+        assert e.stats()["promotions"] == 6
+        # A tier that refuses the coalesced job: its keys are freed and miss afterwards.
+        tier.held |= {K(200), K(201)}
+        tier.raise_on.add("load")
+        assert e.lookup([K(200)]).results == [PENDING]
+        assert e.lookup([K(201)]).results == [PENDING]
+        e.poll()
+        tier.raise_on.clear()
+        assert e.stats()["primary"]["writing"] == 0
+        e.coalesce_promotions = False
+        assert e.lookup([K(200), K(201)]).results == [PENDING] * 2  # retried, uncoalesced
+        assert len(tier.open) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.one_of(st.integers(0, 11), st.just(-1)), max_size=40))
+def test_coalescing_changes_how_many_jobs_never_what_lands(ops: list[int]) -> None:
+    """Any interleaving of one-key lookups (0..11) and polls (-1): with and without coalescing,
+    the same keys land with the same bytes (a budget that never binds), in no more jobs."""
+    keys = [K(i) for i in range(12)]
+    data = payload(keys)
+    outcome = []
+    for coalesce in (False, True):
+        with example_engine(16, max_inflight_jobs=64) as e:
+            e.store_blocks(keys, data[:12])
+            e.drain()
+            e.reset()
+            e.coalesce_promotions = coalesce
+            for op in ops:
+                if op < 0:
+                    e.poll()
+                else:
+                    e.lookup([keys[op]])
+            e.drain()
+            st_ = e.stats()
+            landed = [k for k in keys if e.lookup([k]).results == [HIT]]
+            out = np.zeros((len(landed), BLOCK), np.uint8)
+            assert e.load_blocks(landed, out) == len(landed)
+            assert all(np.array_equal(out[j], data[keys.index(k)]) for j, k in enumerate(landed))
+            outcome.append((landed, st_["promotions"], st_["jobs_submitted"]))
+    (plain, n_plain, jobs_plain), (coal, n_coal, jobs_coal) = outcome
+    assert plain == coal and n_plain == n_coal and jobs_coal <= jobs_plain
+
+
+def test_drain_hands_staged_promotions_over_and_waits_for_them() -> None:
+    e, tier = scripted(8)
+    with e:
+        e.coalesce_promotions = True
+        tier.held = {K(1), K(2)}
+        e.lookup([K(1)])
+        e.lookup([K(2)])
+        assert tier.open == {} and e.inflight_jobs == 1
+        e.drain()  # a staged promotion is handed over first, or drain would wait for it forever
+        st = e.stats()
+        assert st["promotions"] == 2 and st["jobs_submitted"] == 1 and e.inflight_jobs == 0
+        assert e.lookup([K(1), K(2)]).results == [HIT, HIT]
 
 
 def test_write_through_pins_until_the_store_job_ends() -> None:

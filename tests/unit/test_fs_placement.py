@@ -43,6 +43,24 @@ def test_adding_a_root_moves_keys_only_to_it(ids: list[str], keys: list[bytes], 
         assert now in (before.choose(k, list(range(n))), n)
 
 
+@settings(max_examples=60, deadline=None)
+@given(ids=_ids, keys=_keys, data=st.data())
+def test_choose_two_is_the_best_and_the_runner_up(
+    ids: list[str], keys: list[bytes], data: st.DataObject
+) -> None:
+    p = Placement(ids, [1.0] * len(ids))
+    admitted = sorted(data.draw(st.sets(st.integers(0, len(ids) - 1), max_size=len(ids))))
+    for k in keys:
+        best, second = p.choose_two(k, admitted)
+        assert best == p.choose(k, admitted)
+        if len(admitted) < 2:
+            assert second is None and (best is None) == (not admitted)
+            continue
+        assert best is not None and second is not None and second != best
+        # The runner-up is where the key would go were its best root fenced.
+        assert second == p.choose(k, [r for r in admitted if r != best])
+
+
 def test_placement_follows_the_weights() -> None:
     p = Placement(["a", "b", "c"], [1.0, 2.0, 1.0])
     counts = [0, 0, 0]

@@ -390,7 +390,7 @@ def test_the_obj_tier_never_takes_an_unsized_body_for_a_damaged_object() -> None
     script = Script([chunked])
     primary = PrimaryBuffer.heap(2, 4096, 4096)
     tier = ObjTier(
-        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", prefix="p",
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", key_prefix="p",
         endpoint_url=f"http://127.0.0.1:{script.port}", addressing_style="path", region="us-east-1",
         access_key_id="AKID", secret_access_key="SECRET", warm_listing=0,
     )  # fmt: skip

@@ -67,7 +67,7 @@ def test_the_obj_tier_picks_its_data_path(
         monkeypatch.setenv(name, value)
     primary = PrimaryBuffer.heap(2, 4096, 4096)
     tier = ObjTier(
-        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", prefix="p",
+        primary_kv_view=primary.view, context=primary.context("obj"), bucket="bkt", key_prefix="p",
         endpoint_url="http://127.0.0.1:7999", addressing_style="path", region="eu-west-1",
         access_key_id="AKID", secret_access_key="SECRET", warm_listing=0, **options,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kvtier import Engine
 from kvtier.errors import ConfigError, MisuseError
-from kvtier.integrations.vllm.hints import PIN_ACTION, PinHint, pin_hint
+from kvtier.integrations.vllm.hints import PIN_ACTION, PinHint, has_pin, pin_hint
 
 SLOTS = 8
 KEYS = [bytes([0x40 + i]) * 8 for i in range(24)]
@@ -179,6 +179,11 @@ _action = st.fixed_dictionaries(
     )
 )
 def test_any_envelope_gives_a_valid_pin_nothing_or_a_one_line_error(envelope: Any) -> None:
+    actions = envelope.get("actions") if isinstance(envelope, dict) else None
+    listed = isinstance(actions, list) and any(
+        isinstance(a, dict) and a.get("action_type") == PIN_ACTION for a in actions
+    )
+    assert has_pin(envelope) == listed  # what KvtierTier's notice keys on
     try:
         hint = pin_hint(envelope, 100.0)
     except ConfigError as exc:

@@ -31,7 +31,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvtier.cli.args import duration
@@ -61,16 +61,8 @@ class TierCheck:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "target": self.target,
-            "medium": self.medium,
-            "ok": self.ok,
-            "store_seconds": self.store_seconds,
-            "load_seconds": self.load_seconds,
-            "error": self.error,
-        }
+        """The ``--json`` entry: every field, in declaration order."""
+        return asdict(self)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -53,6 +53,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--tiers", default="ram,nvme,redis,s3", help="kinds to search, fastest first (ram first)")
     p.add_argument("--menu", metavar="FILE", help="JSON/YAML overriding prices, bandwidths, latencies, GPU")
+    p.add_argument(
+        "--nvme-drives",
+        type=int,
+        metavar="N",
+        help="NVMe drives per node: plan a striped fs tier (one root per drive) and report the stack "
+        "with one drive failed (default 1, or the menu's)",
+    )
+    p.add_argument(
+        "--nvme-drive-size",
+        metavar="SIZE",
+        help="capacity of one NVMe drive (e.g. 3.5TiB): the NVMe sizes searched stay within the drives",
+    )
     p.add_argument("--prefill-tokens-per-second", type=positive, help="GPU prefill rate (default 10,000)")
     p.add_argument(
         "--gpu-price", type=positive, metavar="USD_PER_HOUR", help="GPU price per hour (default 2.50)"
@@ -174,8 +186,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--plot", f"needs matplotlib: {install_hint('matplotlib')}")
     notes: list[str] = []
     kv_bytes, model = _kv(args, notes)
-    menu = load_menu(args.menu).with_gpu(
-        prefill_tokens_per_second=args.prefill_tokens_per_second, price_per_hour=args.gpu_price
+    menu = (
+        load_menu(args.menu)
+        .with_gpu(prefill_tokens_per_second=args.prefill_tokens_per_second, price_per_hour=args.gpu_price)
+        .with_drives(
+            "nvme", args.nvme_drives, args.nvme_drive_size, where=("--nvme-drives", "--nvme-drive-size")
+        )
     )
     target = _fraction(args.target_hit, "--target-hit") if args.target_hit else None
     budget = _dollars(args.budget) if args.budget else None

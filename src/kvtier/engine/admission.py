@@ -123,7 +123,8 @@ class Admission:
     def promote(self, t: int, keys: list[BlockKey], request: Any) -> list[bool]:
         """Reserve slots for ``keys`` (held by tier ``t``) and submit one load job; per-key success."""
         jobs = self._jobs
-        if jobs.promotions_inflight >= self.max_promotions or jobs.inflight >= jobs.max_inflight:
+        over = jobs.promotions_inflight >= self.max_promotions or jobs.inflight >= jobs.max_inflight
+        if over and not jobs.joins_staged(t, request):  # joining a staged job adds no job
             self._counters["promotions_rejected"] += len(keys)
             return [False] * len(keys)
         positions, slots, _ = self._reserve(keys)

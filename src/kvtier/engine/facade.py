@@ -60,6 +60,7 @@ from kvtier.engine.movers import KVMover
 from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
+from kvtier.engine.snapshot import engine_stats
 from kvtier.engine.tenants import TenantScope
 from kvtier.engine.timedpins import TimedPins
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
@@ -490,6 +491,19 @@ class Engine:
 
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property
+    def coalesce_promotions(self) -> bool:
+        """Whether promotions wait for the next poll/drain/close, then go out as one job per tier and
+        request (for callers asking one key at a time, polling once per step). Off by default."""
+        return self.jobs.coalesce_promotions
+
+    @coalesce_promotions.setter
+    def coalesce_promotions(self, value: bool) -> None:
+        with self._lock:
+            self.jobs.coalesce_promotions = bool(value)
+            if not value:
+                self.jobs.flush_promotions_locked()
+
+    @property
     def inflight_jobs(self) -> int:
         """Tier jobs submitted and not yet finished (plus store jobs waiting for budget)."""
         with self._lock:
@@ -578,23 +592,9 @@ class Engine:
         self._events.subscribe(callback)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``primary`` slot counts, per-tier stats by name, engine counters, ``latency``.
-
-        Each tier's entry is its ``get_stats()`` plus the engine's totals of it (see
-        :class:`~kvtier.engine.jobs.TierIo`) and ``promotions_skipped_cost`` (keys found there that
-        the cost gate did not load); ``primary`` adds its timed copies and ``inflight_jobs``
-        (``submit_*_kv``); ``latency`` is :meth:`~kvtier.engine.latency.Latency.snapshot`.
-        """
+        """Counters: the engine's, ``primary``, ``tiers`` by name, ``latency`` (:mod:`.snapshot`)."""
         with self._lock:
-            out: dict[str, Any] = dict(self.counters)
-            pins = self.timed_pins.stats()  # first: pins that have run out are released before counts
-            out["primary"] = pins | self.primary.counts() | self._mover.primary_io()
-            out["primary"]["backing"] = self.primary.backing
-            skipped = self.admission.skipped_cost
-            out["tiers"] = {
-                tier.name: self.jobs.tier_stats(t) | {"promotions_skipped_cost": skipped[t]}
-                for t, tier in enumerate(self.tiers)
-            }
-            out.update(self.jobs.counters())
-            out["latency"] = self.latency.snapshot()
-            return out
+            return engine_stats(
+                self.counters, self.primary, self.timed_pins, self._mover, self.admission, self.jobs,
+                self.tiers, self.latency,
+            )  # fmt: skip

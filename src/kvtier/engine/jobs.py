@@ -119,6 +119,11 @@ class JobBook:
         self.jobs: dict[int, _Job] = {}
         self.deferred: deque[tuple[int, list[BlockKey], list[int], Any]] = deque()
         self.promotions_inflight = 0
+        #: Stage promotions until :meth:`flush_promotions_locked` (the next poll, drain or close):
+        #: an engine asked one key at a time (vLLM's scheduler) then loads each tier's keys of a
+        #: step as one job, where one job per key would cost a hand-off and a report per key.
+        self.coalesce_promotions = False
+        self._staged: dict[tuple[int, int], tuple[int, Any]] = {}
         self.job_counts: dict[str, int] = dict.fromkeys(
             ("jobs_submitted", "jobs_finished", "jobs_failed", "unknown_results", "tier_stores_dropped"), 0
         )
@@ -167,24 +172,53 @@ class JobBook:
             )
 
     # -- promotions --------------------------------------------------------------------------
+    def joins_staged(self, t: int, request: Any) -> bool:
+        """Whether a promotion from tier ``t`` for ``request`` would join a staged job (no new job)."""
+        return (t, id(request)) in self._staged
+
     def submit_load(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> bool:
         """Submit one promotion job: tier ``t`` copies ``keys`` into their WRITING ``slots``.
 
+        With :attr:`coalesce_promotions`, the job is staged instead (joining the staged job of the
+        same tier and request, if any) and handed to the tier by :meth:`flush_promotions_locked`.
         Returns False when the tier refused the job (it is then finished as failed: slots freed).
         """
+        if self.coalesce_promotions:
+            staged = self._staged.get((t, id(request)))
+            if staged is not None:
+                rec = self.jobs[staged[0]]
+                rec.keys += keys
+                rec.slots += slots
+                return True
         job_id = self._ids()
-        self.jobs[job_id] = _Job(t, True, keys, slots, time.perf_counter())
+        self.jobs[job_id] = _Job(t, True, list(keys), list(slots), time.perf_counter())
         self.tier_io_totals[t].inflight_jobs += 1
         self.promotions_inflight += 1
         self.job_counts["jobs_submitted"] += 1
+        if self.coalesce_promotions:
+            self._staged[(t, id(request))] = (job_id, request)
+            return True
+        return self._hand_load(t, job_id, request)
+
+    def _hand_load(self, t: int, job_id: int, request: Any) -> bool:
+        rec = self.jobs[job_id]
+        rec.started = time.perf_counter()
         try:
-            job = TransferJob(job_id, keys, np.array(slots, dtype=np.int32), True, request, self._clock())
+            slots = np.array(rec.slots, dtype=np.int32)
+            job = TransferJob(job_id, rec.keys, slots, True, request, self._clock())
             self._tiers[t].submit_load(job)
         except Exception as exc:
             self.tier_error(t, "submit_load", exc)
             self.finish(t, JobResult(job_id, False, error=f"{type(exc).__name__}: {exc}"))
             return False
         return True
+
+    def flush_promotions_locked(self) -> None:
+        """Hand every staged promotion to its tier (one job per tier and request). A tier that
+        refuses one finishes it as failed: its slots are freed and later lookups miss."""
+        staged, self._staged = self._staged, {}
+        for (t, _), (job_id, request) in staged.items():
+            self._hand_load(t, job_id, request)
 
     # -- stores ------------------------------------------------------------------------------
     def submit_store(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
@@ -288,7 +322,8 @@ class JobBook:
         self._unpin(rec.slots)
 
     def poll_locked(self) -> None:
-        """Collect every tier's finished jobs, then submit waiting stores."""
+        """Hand staged promotions over, collect every tier's finished jobs, submit waiting stores."""
+        self.flush_promotions_locked()
         for t, tier in enumerate(self._tiers):
             try:
                 results = tier.get_finished_jobs()
@@ -303,6 +338,7 @@ class JobBook:
         """Until no job is in flight or waiting: submit, drain every tier, collect."""
         while True:
             before = len(self.jobs) + len(self.deferred)
+            self.flush_promotions_locked()
             self.pump()
             for t, tier in enumerate(self._tiers):
                 try:

@@ -23,6 +23,14 @@ kind              $/GiB-mo   load B/s    latency    what the default assumes
 ``s3``            0.023      1e9         30 ms      object storage (Standard); request fees ignored
 ================  =========  ==========  =========  ==============================================
 
+A disk kind (``nvme``) may say how many drives a node carries and how large each is::
+
+    {"tiers": {"nvme": {"drives": 4, "drive_bytes": "3.5TiB"}}}
+
+``drives`` > 1 makes the planned tier a striped ``fs`` tier (``root_dirs``, one root per drive, each
+with its share of the blocks); ``drive_bytes`` bounds the sizes searched at ``drives x drive_bytes``.
+``load_bandwidth`` stays the tier's (all drives together).
+
 GPU default: 10,000 prefill tokens per second (kvtier's cost-model default: a 7-8B model on one
 datacenter GPU, order of magnitude) at $2.50 per GPU-hour.
 """
@@ -64,6 +72,8 @@ class TierKind:
         load_latency: seconds per load job, whatever its size.
         assumption: what the figure stands for (one line, for reports and docs).
         source: ``"default"`` or ``"menu"`` (overridden from a file).
+        drives: drives a node carries for this kind (>1: a striped ``fs`` tier, one root each).
+        drive_bytes: capacity of one drive (``None``: unbounded); bounds the sizes searched.
     """
 
     name: str
@@ -72,6 +82,8 @@ class TierKind:
     load_latency: float
     assumption: str
     source: str = "default"
+    drives: int = 1
+    drive_bytes: int | None = None
 
     def load_seconds(self, nbytes: int) -> float:
         """Seconds to load ``nbytes`` in one job."""
@@ -115,6 +127,29 @@ class Menu:
                 "--tiers", f"unknown tier kind {name!r}; the menu has {', '.join(self.kinds)}"
             ) from None
 
+    def with_drives(
+        self, name: str, drives: Any = None, drive_bytes: Any = None, *, where: tuple[str, str]
+    ) -> Menu:
+        """This menu with kind ``name``'s drives (and drive size) replaced, checked; errors name
+        ``where`` (the options or file keys that gave the two figures)."""
+        if drives is None and drive_bytes is None:
+            return self
+        k = self.kind(name)
+        if name == "ram":
+            raise ConfigError(where[0], "ram is the primary tier; drives apply to a disk kind such as nvme")
+        return Menu(
+            {
+                **self.kinds,
+                name: dataclasses.replace(
+                    k,
+                    drives=k.drives if drives is None else _drives(drives, where[0]),
+                    drive_bytes=k.drive_bytes if drive_bytes is None else _drive_bytes(drive_bytes, where[1]),
+                    source="menu",
+                ),
+            },
+            self.gpu,
+        )
+
     def with_gpu(self, **changes: Any) -> Menu:
         """This menu with GPU figures replaced (command-line options), labelled ``menu``."""
         given = {k: v for k, v in changes.items() if v is not None}
@@ -130,7 +165,9 @@ class Menu:
         }
 
 
-_KIND_KEYS = ("price_per_gib_month", "load_bandwidth", "load_latency")
+_KIND_KEYS = ("price_per_gib_month", "load_bandwidth", "load_latency", "drives", "drive_bytes")
+#: Most drives one kind may stripe over (the fs tier's limit on ``root_dirs``).
+MAX_DRIVES = 64
 _GPU_KEYS = ("prefill_tokens_per_second", "price_per_hour")
 
 
@@ -152,6 +189,19 @@ def _bandwidth(value: Any, key: str) -> float:
     if bw <= 0:
         raise ConfigError(key, "bandwidth must be > 0 bytes per second")
     return float(bw)
+
+
+def _drives(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRIVES:
+        raise ConfigError(key, f"expected a whole number of drives 1..{MAX_DRIVES}, got {value!r}")
+    return value
+
+
+def _drive_bytes(value: Any, key: str) -> int:
+    size = parse_size(value, key)
+    if size <= 0:
+        raise ConfigError(key, f"expected a drive size > 0 such as 3.5TiB, got {value!r}")
+    return size
 
 
 def _check_keys(raw: Mapping[str, Any], valid: tuple[str, ...], path: str) -> None:
@@ -191,6 +241,14 @@ def menu_from_mapping(raw: Mapping[str, Any], base: Menu | None = None, *, where
             else k.load_latency,
             source="menu",
         )
+        if "drives" in spec or "drive_bytes" in spec:
+            menu = Menu(kinds, menu.gpu).with_drives(
+                name,
+                spec.get("drives"),
+                spec.get("drive_bytes"),
+                where=(f"{path}.drives", f"{path}.drive_bytes"),
+            )
+            kinds = dict(menu.kinds)
     gpu = menu.gpu
     graw = raw.get("gpu", {})
     if not isinstance(graw, Mapping):

@@ -22,6 +22,7 @@ from kvtier.plan.curve import LruCurve, lru_curve, stack_distances
 from kvtier.plan.menu import Menu
 from kvtier.plan.points import PlanContext, Point
 from kvtier.plan.search import DEFAULT_GRID, Objective, pareto_front, search, staging_blocks
+from kvtier.plan.stack import max_blocks
 from kvtier.sim.trace import TraceRequest
 
 __all__ = ["DEFAULT_KINDS_SEARCHED", "PlanResult", "plan"]
@@ -55,6 +56,8 @@ class PlanResult:
     timings: dict[str, float] = field(default_factory=dict)
     model: dict[str, Any] | None = None
     context: PlanContext | None = field(default=None, repr=False)
+    #: Per striped kind of the recommendation: the same stack simulated with one drive fenced.
+    degraded: dict[str, Point] = field(default_factory=dict)
 
     @property
     def block_bytes(self) -> int:
@@ -90,6 +93,10 @@ class PlanResult:
             "grid_points_estimated": len(self.estimates),
             "infinite": self.infinite,
             "per_turn": self.per_turn,
+            "degraded": {
+                kind: {"drives": self.menu.kind(kind).drives, "fenced_roots": [0], **p.to_json(bb)}
+                for kind, p in self.degraded.items()
+            },
             "notes": list(self.notes),
             "timings": self.timings,
         }
@@ -205,10 +212,12 @@ def plan(
     if rec is not None:
         largest = max(b for _, b in rec.stack.sizes)
         result.per_turn = _per_turn(requests, distances, largest)
+        result.degraded = _degraded(ctx, rec)
     result.timings = {
         "prepare_seconds": t1 - t0,
         "curve_seconds": t2 - t1,
         "search_seconds": t3 - t2,
+        "degraded_simulations": float(len(result.degraded)),
         "simulations": float(len(simulated)),
         "total_seconds": time.perf_counter() - t0,
     }
@@ -231,8 +240,26 @@ def _checked_kinds(
     if not out or out[0] != "ram":
         raise ConfigError("--tiers", f"the stack starts with ram (the primary tier); got {','.join(out)!r}")
     for k in out:
-        menu.kind(k)
+        kind = menu.kind(k)
+        if kind.drive_bytes is not None and max_blocks(k, menu, kv_bytes_per_token * tokens_per_block) == 0:
+            raise ConfigError(
+                f"menu.tiers.{k}.drive_bytes",
+                f"a {k} drive of {kind.drive_bytes:,} bytes holds no block of "
+                f"{kv_bytes_per_token * tokens_per_block:,} bytes; give a larger drive size",
+            )
     return out
+
+
+def _degraded(ctx: PlanContext, rec: Point) -> dict[str, Point]:
+    """``rec`` simulated once per striped kind with that kind's first drive fenced (the tier's
+    ``simulate_fenced``): what the stack still hits while one disk is out."""
+    from kvtier.plan.points import simulate
+
+    return {
+        kind: simulate(ctx, rec.stack, fenced=kind)
+        for kind in rec.stack.kinds
+        if kind != "ram" and min(ctx.menu.kind(kind).drives, rec.stack.blocks(kind)) > 1
+    }
 
 
 def _worth_loading(

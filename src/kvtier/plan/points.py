@@ -22,7 +22,7 @@ from typing import Any
 from kvtier.plan.curve import LruCurve
 from kvtier.plan.economics import GIB, Economics, economics
 from kvtier.plan.menu import Menu
-from kvtier.plan.stack import TIER_TYPES, Stack, stack_config
+from kvtier.plan.stack import TIER_TYPES, Stack, max_blocks, stack_config
 from kvtier.sim.parallel import fork_map
 from kvtier.sim.prepared import PreparedTrace
 
@@ -47,8 +47,9 @@ class PlanContext:
     def block_bytes(self) -> int:
         return self.kv_bytes_per_token * self.tokens_per_block
 
-    def config(self, stack: Stack) -> dict[str, Any]:
-        """The kvtier config mapping of ``stack`` (what ``--write-config`` writes)."""
+    def config(self, stack: Stack, fenced: str | None = None) -> dict[str, Any]:
+        """The kvtier config mapping of ``stack`` (what ``--write-config`` writes); ``fenced``: the
+        striped kind whose first drive is modelled as failed."""
         return stack_config(
             stack,
             self.menu,
@@ -57,7 +58,12 @@ class PlanContext:
             kv_bytes_per_token=self.kv_bytes_per_token,
             policy=self.policy,
             write_policy=self.write_policy,
+            fenced=fenced,
         )
+
+    def max_blocks(self, kind: str) -> int | None:
+        """Most blocks of ``kind`` its drives hold (``None``: no drive size on the menu)."""
+        return max_blocks(kind, self.menu, self.block_bytes)
 
     def block_saving(self, kind: str) -> float:
         """Prefill seconds one hit from ``kind`` saves when loaded alone (>= 0)."""
@@ -143,12 +149,13 @@ def estimate(ctx: PlanContext, stack: Stack) -> Point:
     return Point(stack, "estimated", {"block": sum(hits.values()) / max(refs, 1)}, hits, econ, refs)
 
 
-def simulate(ctx: PlanContext, stack: Stack) -> Point:
-    """``stack`` replayed through the engine in simulate mode (``kvtier replay --simulate``)."""
+def simulate(ctx: PlanContext, stack: Stack, fenced: str | None = None) -> Point:
+    """``stack`` replayed through the engine in simulate mode (``kvtier replay --simulate``);
+    ``fenced``: the striped kind whose first drive is modelled as failed."""
     from kvtier.config import load_config
     from kvtier.sim.replay import replay
 
-    report = replay(ctx.trace, load_config(ctx.config(stack)), simulate=True)
+    report = replay(ctx.trace, load_config(ctx.config(stack, fenced)), simulate=True)
     hits = {("ram" if t.name == "primary" else t.name): t.hits for t in report.tiers}
     by_tier = {
         ("ram" if k == "primary" else k): float(v) for k, v in report.cost["saved_seconds_by_tier"].items()

@@ -42,7 +42,11 @@ def _stack_row(p: Point, mark: str = "") -> list[str]:
 
 def _kind_row(k: TierKind) -> list[str]:
     bw, lat = f"{k.load_bandwidth / 1e9:g} GB/s", f"{k.load_latency * 1e6:g} us"
-    return [k.name, f"${k.price_per_gib_month:g}", bw, lat, k.source, k.assumption]
+    what = k.assumption
+    if k.drives > 1 or k.drive_bytes is not None:
+        size = "" if k.drive_bytes is None else f" of {_gib(k.drive_bytes)}"
+        what = f"{k.drives} drive{'s' if k.drives > 1 else ''}{size}; {what}"
+    return [k.name, f"${k.price_per_gib_month:g}", bw, lat, k.source, what]
 
 
 def render_plan(result: PlanResult, table: TableFn, echo: Callable[[str], None] = print) -> None:
@@ -89,6 +93,13 @@ def render_plan(result: PlanResult, table: TableFn, echo: Callable[[str], None] 
             f"s per hour of traffic = {_usd(e.gpu_value)}/month; storage {_usd(e.storage_cost)}/month; "
             f"net saving {_usd(e.net_saving)}/month"
         )
+        for kind, d in result.degraded.items():
+            drives = min(result.menu.kind(kind).drives, rec.stack.blocks(kind))
+            echo(
+                f"with one {kind} drive failed (1 of {drives} fenced): block hits {_pct(d.block_hit)} "
+                f"({100 * (d.block_hit - rec.block_hit):+.2f} points); net saving "
+                f"{_usd(d.econ.net_saving)}/month"
+            )
     cols = ["", "stack", "block hits", "storage $/mo", "GPU s saved/h", "GPU $/mo", "net $/mo"]
     front = result.front
     rows = [_stack_row(p, "*" if rec is not None and p.stack == rec.stack else "") for p in front]

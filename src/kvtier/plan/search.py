@@ -2,9 +2,10 @@
 
 1. **Grid.** Per kind, sizes as shares of the trace's unique blocks (:data:`DEFAULT_GRID`); RAM never
    below the *staging minimum* (the longest request's blocks: the primary tier must hold a request
-   to store it). A stack is kept only if every secondary tier is larger than every faster tier in
-   it: with write-through every tier holds what an LRU cache of its size would, so a tier no larger
-   than one above it would hit (almost) nothing.
+   to store it); a kind with a drive size on the menu never above what its drives hold. A stack
+   is kept only if every secondary tier is larger than every faster tier in it: with write-through
+   every tier holds what an LRU cache of its size would, so a tier no larger than one above it
+   would hit (almost) nothing.
 2. **Prune.** Every grid stack is estimated from the curve (:func:`kvtier.plan.points.estimate`);
    only the few that matter for the objective are simulated: the cheapest that (nearly) reach a
    ``target`` hit ratio, the best net savings within a ``budget``, or points spread along the
@@ -102,10 +103,13 @@ def grid_stacks(ctx: PlanContext, grid: Mapping[str, Sequence[float]] = DEFAULT_
     axes: list[list[int]] = []
     for kind in ctx.kinds:
         pcts = grid.get(kind, DEFAULT_GRID.get(kind, (0.0, 10.0, 50.0)))
+        cap = ctx.max_blocks(kind)
         if kind == "ram":
             sizes = sorted({max(floor, int(p * u / 100)) for p in pcts})
         else:
-            sizes = sorted({int(p * u / 100) for p in pcts} | {0})
+            # Sizes past what the kind's drives hold are tried at that bound instead.
+            wanted = {int(p * u / 100) for p in pcts}
+            sizes = sorted({b if cap is None else min(cap, b) for b in wanted} | {0})
         axes.append(sizes)
     out = []
     for combo in itertools.product(*axes):
@@ -165,7 +169,8 @@ def _neighbours(ctx: PlanContext, stack: Stack) -> list[Stack]:
         if kind != "ram" and blocks:
             options.append(0)
         for b in options:
-            b = max(floor, b) if kind == "ram" else min(b, u)
+            cap = ctx.max_blocks(kind)
+            b = max(floor, b) if kind == "ram" else min(b, u, u if cap is None else cap)
             trial = tuple([*sizes[:i], (kind, b), *sizes[i + 1 :]])
             if trial != stack.sizes and _valid(trial):
                 out.add(Stack(trial))

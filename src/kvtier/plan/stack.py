@@ -9,7 +9,10 @@ that the engine's promotion cost gate and the replay's saving use the same figur
 Kind -> tier type (:data:`TIER_TYPES`):
 
 * ``ram``   -> the primary tier (``cpu_bytes_to_use`` = blocks x row stride);
-* ``nvme``  -> an ``fs`` tier with ``max_bytes`` (block files of a 4 KiB header + the block);
+* ``nvme``  -> an ``fs`` tier with ``max_bytes`` (block files of a 4 KiB header + the block); when
+  the menu gives the kind ``drives`` > 1, a striped ``fs`` tier instead: ``root_dirs`` with one root
+  per drive (``<root_dir><i>``), each with its own ``max_bytes`` (the blocks split as evenly as
+  whole blocks allow, so the roots together hold exactly the stack's blocks);
 * ``redis`` -> **modelled as an ``fs`` tier** of the same capacity for now;
 * ``s3``    -> **modelled as an ``fs`` tier** of the same capacity for now.
 
@@ -27,7 +30,7 @@ from typing import Any
 
 from kvtier.plan.menu import Menu
 
-__all__ = ["FS_HEADER_BYTES", "TIER_TYPES", "Stack", "stack_config", "tier_bytes"]
+__all__ = ["FS_HEADER_BYTES", "TIER_TYPES", "Stack", "max_blocks", "stack_config", "tier_bytes"]
 
 #: Tier type (and fixed options) per secondary kind; ``ram`` is the primary tier.
 #: Switch ``redis`` to ``{"type": "redis", ...}`` and ``s3`` to ``{"type": "obj", ...}`` once those
@@ -71,6 +74,36 @@ def tier_bytes(kind: str, blocks: int, block_bytes: int) -> int:
     return blocks * block_bytes
 
 
+def max_blocks(kind: str, menu: Menu, block_bytes: int) -> int | None:
+    """Most blocks of ``kind`` its drives hold (``drives x`` block files per drive), ``None`` when
+    the menu gives no drive size."""
+    k = menu.kind(kind)
+    if kind == "ram" or k.drive_bytes is None:
+        return None
+    return k.drives * (k.drive_bytes // tier_bytes(kind, 1, block_bytes))
+
+
+def _tier_entry(kind: str, blocks: int, menu: Menu, block_bytes: int, fenced: bool) -> dict[str, Any]:
+    """The secondary-tier entry of ``blocks`` blocks of ``kind``; striped over the kind's drives
+    (``fenced``: its first root modelled as failed, ``simulate_fenced``)."""
+    base = {k: v for k, v in TIER_TYPES[kind].items() if k != "root_dir"}
+    drives = min(menu.kind(kind).drives, blocks)
+    if TIER_TYPES[kind]["type"] != "fs" or drives <= 1:
+        entry = {**TIER_TYPES[kind], "name": kind, "max_bytes": tier_bytes(kind, blocks, block_bytes)}
+    else:
+        root = str(TIER_TYPES[kind]["root_dir"])
+        share, extra = divmod(blocks, drives)
+        roots = [
+            {"path": f"{root}{i}", "max_bytes": tier_bytes(kind, share + (i < extra), block_bytes)}
+            for i in range(drives)
+        ]
+        entry = {**base, "name": kind, "root_dirs": roots}
+        if fenced:
+            entry["simulate_fenced"] = [0]
+    entry.setdefault("eviction_policy", "lru")
+    return entry
+
+
 def stack_config(
     stack: Stack,
     menu: Menu,
@@ -80,8 +113,10 @@ def stack_config(
     kv_bytes_per_token: int,
     policy: str = "lru",
     write_policy: str = "write_through",
+    fenced: str | None = None,
 ) -> dict[str, Any]:
-    """The kvtier config mapping of ``stack`` (blocks of ``block_bytes``), cost model included."""
+    """The kvtier config mapping of ``stack`` (blocks of ``block_bytes``), cost model included;
+    ``fenced`` names a striped kind whose first drive the simulation models as failed."""
     tiers: list[dict[str, Any]] = []
     speeds: dict[str, dict[str, float]] = {}
     ram = menu.kind("ram")
@@ -89,9 +124,7 @@ def stack_config(
     for kind, blocks in stack.sizes:
         if kind == "ram" or blocks <= 0:
             continue
-        entry = {**TIER_TYPES[kind], "name": kind, "max_bytes": tier_bytes(kind, blocks, block_bytes)}
-        entry.setdefault("eviction_policy", "lru")
-        tiers.append(entry)
+        tiers.append(_tier_entry(kind, blocks, menu, block_bytes, fenced == kind))
         k = menu.kind(kind)
         speeds[kind] = {"load_bandwidth": k.load_bandwidth, "load_latency": k.load_latency}
     cfg: dict[str, Any] = {

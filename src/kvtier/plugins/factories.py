@@ -70,9 +70,11 @@ def _check_kwargs(
         and p.name not in fed
     }
     if not accepts_any:
+        # Old names a class still accepts (``renamed_options``: old -> new) are not suggested.
+        hidden = {*supplied, *getattr(cls, "renamed_options", {})}
         for key in options:
             if key not in by_name or key in supplied:
-                valid = sorted(n for n in by_name if n not in supplied)
+                valid = sorted(n for n in by_name if n not in hidden)
                 close = difflib.get_close_matches(key, valid, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(

@@ -25,17 +25,13 @@ objects: the win comes from dense integer ids and arrays, which the engine's key
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kvtier.native import load_library
 
 __all__ = ["FastResult", "POLICIES", "core_name", "simulate_ids"]
 
@@ -59,59 +55,14 @@ class FastResult:
     core: str  #: "c" or "python"
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kvtier"
-
-
-def _private(path: Path) -> bool:
-    """Whether ``path`` is a directory owned by us that nobody else can write (safe to load from)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return path.is_dir() and st.st_uid == os.getuid() and not (st.st_mode & 0o022)
-
-
 def _load_c() -> Any:
-    """The compiled core (building it once per source version), or ``None``."""
+    """The compiled core (built once per source version, see :mod:`kvtier.native`), or ``None``."""
     global _lib, _lib_tried
     if _lib_tried:
         return _lib
     _lib_tried = True
-    if os.environ.get("KVTIER_SIM_CORE", "").lower() == "python" or sys.platform == "win32":
-        return None
-    try:
-        src = _SOURCE.read_bytes()
-    except OSError:
-        return None
-    tag = hashlib.sha256(src + sys.platform.encode()).hexdigest()[:16]
-    d = _cache_dir()
-    lib_path = d / f"fastcore-{tag}.so"
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not _private(d):
-            return None
-        if not lib_path.exists():
-            cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-            if cc is None:
-                return None
-            fd, tmp = tempfile.mkstemp(dir=d, suffix=".so")
-            os.close(fd)
-            try:
-                subprocess.run(
-                    [cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, lib_path)  # atomic: a concurrent process sees all or nothing
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        lib = ctypes.CDLL(str(lib_path))
-    except (OSError, subprocess.SubprocessError):
+    lib = load_library(_SOURCE, disable_env="KVTIER_SIM_CORE")
+    if lib is None:
         return None
     fn = lib.kv_simulate
     p = ctypes.c_void_p

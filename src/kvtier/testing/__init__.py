@@ -29,6 +29,12 @@ bounds how long a ``submit_*`` call may take (the contract says non-blocking).
 The suite needs pytest (``pip install 'kvtier[dev]'`` or just ``pytest``); :class:`PrimaryBuffer`
 and :func:`wait_for_jobs` are plain helpers usable from any test runner (``kvtier.testing.primary``).
 
+Network tiers (:class:`kvtier.tiers.remote.RemoteTier`) also have scenario suites run against a
+real server: :class:`RemoteFaultTests` (``kvtier.testing.faults``: the server killed or stalled
+mid-run, then back) and :class:`SharedStoreTests` (``kvtier.testing.shared``: two engine processes
+sharing blocks, tenants apart, damaged values never served, a lost value a miss). A subclass says
+how to build the tier and how to reach or damage its server.
+
 Eviction-policy authors subclass :class:`PolicyContractTests` and implement
 ``make_policy(capacity)`` the same way.
 
@@ -39,14 +45,21 @@ What the suite checks is written in each test's docstring; together they are the
 from __future__ import annotations
 
 from kvtier.testing.async_tier_contract import AsyncTierContractTests
+from kvtier.testing.faults import EngineDriver, RemoteFaultTests, block_keys
 from kvtier.testing.policy_contract import PolicyContractTests
-from kvtier.testing.primary import PrimaryBuffer, wait_for_jobs
+from kvtier.testing.primary import PrimaryBuffer, run_job, wait_for_jobs
+from kvtier.testing.shared import SharedStoreTests
 from kvtier.testing.tier_contract import TierContractTests
 
 __all__ = [
     "AsyncTierContractTests",
+    "EngineDriver",
     "PolicyContractTests",
     "PrimaryBuffer",
+    "RemoteFaultTests",
+    "SharedStoreTests",
     "TierContractTests",
+    "block_keys",
+    "run_job",
     "wait_for_jobs",
 ]

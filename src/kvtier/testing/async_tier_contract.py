@@ -78,7 +78,7 @@ class AsyncTierContractTests(TierContractTests):
         written = primary.fill_random(range(4), seed=22)
         keys = [self.key(f"part{i}") for i in range(4)]
         assert self.store(async_tier, keys, range(4)).success
-        async_tier.batch_blocks = 1  # one chunk per key
+        async_tier.batch_blocks = async_tier.load_batch_blocks = 1  # one chunk per key
         real = async_tier._load_chunk
 
         def flaky(state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:

@@ -1,18 +1,19 @@
-"""A primary buffer for tier tests, and a helper that waits for an asynchronous tier's jobs."""
+"""A primary buffer for tier tests, and helpers that run an asynchronous tier's jobs and wait for them."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from kvtier.jobs import JobResult
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import BlockKey
 from kvtier.tiers.base import SecondaryTier, TierContext
 
-__all__ = ["PrimaryBuffer", "wait_for_jobs"]
+__all__ = ["PrimaryBuffer", "run_job", "wait_for_jobs"]
 
 
 @dataclass
@@ -84,3 +85,19 @@ def wait_for_jobs(
         if time.monotonic() > deadline:
             raise AssertionError(f"jobs {sorted(wanted - set(got))} not reported within {timeout}s")
         time.sleep(poll_interval)
+
+
+def run_job(
+    tier: SecondaryTier,
+    job_id: int,
+    keys: Sequence[BlockKey],
+    slots: Sequence[int],
+    *,
+    load: bool,
+    timeout: float = 30.0,
+) -> JobResult:
+    """Submit one store (or, with ``load``, one promotion load) of ``keys`` to ``slots`` and wait
+    for its result (:func:`wait_for_jobs`)."""
+    job = TransferJob(job_id, list(keys), np.asarray(slots, dtype=np.int32), is_promotion=load)
+    (tier.submit_load if load else tier.submit_store)(job)
+    return wait_for_jobs(tier, [job_id], timeout=timeout)[job_id]

@@ -39,6 +39,9 @@ class TierContractTests:
     job_timeout: float = 30.0
     #: Upper bound for one ``submit_*`` call (the contract says non-blocking; this is generous).
     max_submit_seconds: float = 1.0
+    #: The longest key the suite uses (a tier whose wire protocol bounds keys lowers it; the
+    #: engine's keys are chained hashes of 16-32 bytes).
+    max_key_bytes: int = 512
 
     # -- to implement --------------------------------------------------------------------------
     def make_tier(self, primary: PrimaryBuffer, workdir: Path) -> SecondaryTier:
@@ -113,7 +116,10 @@ class TierContractTests:
         primary.rows[0:4, primary.block_bytes :] = _PAD
         result = self.store(tier, keys, [0, 1, 2, 3])
         assert result.success and result.transferred(keys) == keys
-        assert result.nbytes >= 4 * primary.block_bytes, "JobResult.nbytes must count the bytes stored"
+        # A tier that stores nothing of its own (p2p: the instance's block server serves the
+        # primary tier) moves no bytes on a store.
+        moved = 0 if getattr(type(tier), "stores_nothing", False) else 4 * primary.block_bytes
+        assert result.nbytes >= moved, "JobResult.nbytes must count the bytes stored"
         dst = [primary.num_slots - 1 - i for i in range(4)]
         for slot in dst:
             primary.rows[slot, : primary.block_bytes] = 0
@@ -229,9 +235,10 @@ class TierContractTests:
         hits = sum(self.settled_lookup(tier, k) is LookupResult.HIT for k in [*keys, self.key("no")])
         after = tier.get_stats()
         delta = {k: after[k] - before[k] for k in before}
-        assert delta["stores"] == 3 and delta["loads"] == 2 and hits == 3
+        stored = 0 if getattr(type(tier), "stores_nothing", False) else 3  # p2p: held, not stored
+        assert delta["stores"] == stored and delta["loads"] == 2 and hits == 3
         assert delta["hits"] >= 3 and delta["lookups"] >= 4
-        assert delta["bytes_written"] >= 3 * primary.block_bytes
+        assert delta["bytes_written"] >= stored * primary.block_bytes
         assert delta["bytes_read"] >= 2 * primary.block_bytes
 
     def test_removals_name_every_stored_block_that_went_and_nothing_else(
@@ -267,7 +274,7 @@ class TierContractTests:
             BlockKey(b"a/b"),
             BlockKey(b"a_b"),
             BlockKey("ключ".encode()),
-            BlockKey(bytes(range(256)) * 2),
+            BlockKey((bytes(range(256)) * 2)[: self.max_key_bytes]),
         ]
         written = primary.fill_random(range(len(keys)), seed=11)
         assert self.store(tier, keys, range(len(keys))).success

@@ -234,6 +234,9 @@ class AsyncTier(SecondaryTier):
         interval = check_worker_options(threads, batch_blocks, log_interval)
         self.threads = threads
         self.batch_blocks = batch_blocks
+        #: Most blocks per load chunk: ``batch_blocks`` unless a subclass whose loads cost one
+        #: hand-off per chunk (the fs tier's batched reader) raises it.
+        self.load_batch_blocks = batch_blocks
         self.log = logger or logging.getLogger(f"kvtier.tiers.{type(self).__name__}")
         self.rlog = RateLimitedLog(self.log, interval)
         self.store_gate = store_gate or StoreGate()
@@ -420,7 +423,8 @@ class AsyncTier(SecondaryTier):
             self._run_chunk(state, items)
             return
         spread = self.threads if self.spreads_jobs else 1
-        per = chunk_size(len(items), batch_blocks=self.batch_blocks, threads=spread)
+        cap = self.load_batch_blocks if state.load else self.batch_blocks
+        per = chunk_size(len(items), batch_blocks=cap, threads=spread)
         chunks = [items[i : i + per] for i in range(0, len(items), per)]
         state.chunks_left = len(chunks)  # before any chunk can finish
         pool = self._workers()

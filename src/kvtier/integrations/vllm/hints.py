@@ -29,12 +29,19 @@ from typing import Any
 
 from kvtier.errors import ConfigError
 
-__all__ = ["MAX_ACTIONS", "PIN_ACTION", "PIN_VERSION", "PinHint", "pin_hint"]
+__all__ = ["MAX_ACTIONS", "PIN_ACTION", "PIN_VERSION", "TIER_PIN_NOTICE", "PinHint", "has_pin", "pin_hint"]
 
 PIN_ACTION = "kvtier.pin"
 PIN_VERSION = "1.0"
 #: Actions read per envelope: a hint is a few actions; a huge list is not worth a scan per request.
 MAX_ACTIONS = 64
+
+
+#: Logged once by ``KvtierTier``: there vLLM's own CPU tier decides what stays in host memory.
+TIER_PIN_NOTICE = (
+    "kvtier: a kvtier.pin kv_hint has no effect on KvtierTier (vLLM's CPU tier decides its evictions); "
+    "load kvtier's engine with KvtierOffloadingSpec to honour it (docs/vllm.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,14 @@ def _field(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name)
     return getattr(obj, name, None)
+
+
+def has_pin(kv_hints: Any) -> bool:
+    """Whether ``kv_hints`` carries a ``kvtier.pin`` action among its first :data:`MAX_ACTIONS`."""
+    actions = _field(kv_hints, "actions") if kv_hints is not None else None
+    if not isinstance(actions, list | tuple):
+        return False
+    return any(_field(a, "action_type") == PIN_ACTION for a in actions[:MAX_ACTIONS])
 
 
 def pin_hint(kv_hints: Any, max_ttl_s: float) -> PinHint | None:

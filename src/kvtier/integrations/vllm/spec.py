@@ -36,7 +36,6 @@ Importing this module imports vLLM (the ``vllm`` install).
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
@@ -62,6 +61,7 @@ from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.hints import PinHint, pin_hint
 from kvtier.integrations.vllm.logonce import log_once
+from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
 
@@ -195,6 +195,10 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         self._closed = False
         #: Requests whose ``kv_hints`` held a malformed ``kvtier.pin`` action (ignored, logged once).
         self.bad_hints = 0
+        # vLLM asks one chunk at a time and ends each step with on_schedule_end (which polls): the
+        # step's promotions from one tier go out there as one load job (vLLM's tiering manager
+        # batches the same way), not one job per chunk.
+        engine.coalesce_promotions = True
         engine.subscribe(self._log.append)
         engine.subscribe(self._note_landed)
 
@@ -225,8 +229,9 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
     def lookup(self, key: OffloadKey, req_context: Any) -> LookupResult:
         """HIT (readable now), HIT_PENDING (being written or promoted), RETRY or MISS.
 
-        vLLM asks one chunk at a time; a chunk found in a secondary tier starts its promotion here
-        (one job per chunk) unless admission refuses it (budget, cost gate), and answers
+        vLLM asks one chunk at a time; a chunk found in a secondary tier gets its promotion here
+        (its slot reserved, the load staged: the step's promotions from one tier are handed over as
+        one job at ``on_schedule_end``) unless admission refuses it (budget, cost gate), and answers
         HIT_PENDING: vLLM then asks again on a later step. A HIT is pinned for the request until it is
         admitted (its ``prepare_load`` or first ``prepare_store``) or finishes, and a block it waits
         for is pinned for it the step its promotion lands; without a request id, until the step ends.
@@ -436,9 +441,9 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             self._held.clear()
             self._awaited.clear()
             # The engine and its tiers hold numpy views of the region (in reference cycles); vLLM's
-            # cleanup keeps a mapping that still has exports, so let them go first.
+            # cleanup keeps a mapping that still has exports, so let them go first (frozen too).
             del self.engine
-            gc.collect()
+            collect_cycles()
             if self._region is not None:
                 with contextlib.suppress(Exception):
                     self._region.cleanup()

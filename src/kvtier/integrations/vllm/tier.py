@@ -65,7 +65,6 @@ Importing this module imports vLLM (the ``vllm`` extra).
 from __future__ import annotations
 
 import difflib
-import gc
 import inspect
 import logging
 import threading
@@ -89,9 +88,10 @@ from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entr
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
-from kvtier.integrations.vllm.hints import PIN_ACTION
+from kvtier.integrations.vllm.hints import TIER_PIN_NOTICE, has_pin
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
+from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.plugins import TIERS, create_tier
@@ -491,14 +491,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._error("touch", exc)
 
     def on_new_request(self, req_context: Any) -> Any:
-        hints = getattr(req_context, "kv_hints", None)
-        if hints is not None and _has_pin(hints):
-            # vLLM's own CPU tier decides what stays in host memory here; say so once, not per request.
-            _log_once(
-                "kv_hints:tier",
-                "kvtier: a kvtier.pin kv_hint has no effect on KvtierTier (vLLM's CPU tier decides its "
-                "evictions); load kvtier's engine with KvtierOffloadingSpec to honour it (docs/vllm.md)",
-            )
+        if has_pin(getattr(req_context, "kv_hints", None)):  # vLLM's own CPU tier decides evictions here
+            _log_once("kv_hints:tier", TIER_PIN_NOTICE)
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: Any) -> None:
@@ -541,7 +535,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         The kvtier tier's numpy view of the primary buffer keeps vLLM's shared region exported;
         while it lives, vLLM's primary tier cannot unmap the region at its own shutdown (which
         follows this one) and logs that it keeps it mapped. Dropping the tier, and collecting the
-        reference cycles its threads leave, releases the view first.
+        reference cycles it leaves (vLLM froze the heap: see :mod:`.teardown`), releases the view.
         """
         tier = getattr(self, "_tier", None)
         if tier is None:
@@ -557,7 +551,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         # and its view outlive this call and vLLM logs "Failed to close mmap_obj" at its cleanup.
         self._events = None
         del self._tier, tier
-        gc.collect()
+        collect_cycles()  # vLLM froze the heap at start-up: a plain collect would skip the tier
 
     # -- metrics -------------------------------------------------------------------------------
     @classmethod
@@ -595,9 +589,3 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
 
     def config_info(self) -> Mapping[str, str | int | float | bool]:
         return {"kvtier_tier_type": self._kvtier_type, "kvtier_namespace": self.namespace.root.hex()[:12]}
-
-
-def _has_pin(hints: Any) -> bool:
-    """Whether vLLM's ``kv_hints`` envelope carries a ``kvtier.pin`` action (read, never trusted)."""
-    actions = getattr(hints, "actions", None)
-    return isinstance(actions, list) and any(getattr(a, "action_type", None) == PIN_ACTION for a in actions)

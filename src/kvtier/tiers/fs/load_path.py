@@ -14,6 +14,7 @@ mtime, so a restart keeps the access order.
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import numpy.typing as npt
 from kvtier import codec
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome
+from kvtier.tiers.fs.batchread import BatchItem, BatchReader, BlockFormat, open_reader
 from kvtier.tiers.fs.io import SlotAlignment, read_block
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.parts import FsParts
@@ -32,6 +34,13 @@ from kvtier.tiers.fs.safe import ForeignFileError
 __all__ = ["LoadPath"]
 
 _ACCESS_GRANULARITY = 60.0  # seconds between two mtime refreshes of one block on load
+
+
+class _Redo(enum.Enum):
+    REDO = 0  # a block the batched reader left to the Python path
+
+
+_REDO = _Redo.REDO
 
 
 class LoadPath:
@@ -63,6 +72,15 @@ class LoadPath:
         self.record_access = record_access
         self.parts = parts
         self._lock = parts.index.lock
+        # The batched reader (one GIL-free call per chunk; see .batchread) for blocks in files;
+        # a shared root's blocks carry a MAC, checked on the Python path only.
+        self._batch: BatchReader | None = None
+        if parts.mac is None:
+            fmt = BlockFormat(
+                header_len=codec.header_size(0, HEADER_ALIGN), payload_len=block_bytes,
+                ns_tag=parts.layout.ns_tag, verify=verify, owners=parts.accounting.tree.owners,
+            )  # fmt: skip
+            self._batch = open_reader(parts.accounting.tree, rows, fmt)
 
     def read_chunk(
         self, items: list[tuple[BlockKey, int]], abandoned: Callable[[], bool] | None = None
@@ -76,8 +94,9 @@ class LoadPath:
         ok: list[BlockKey] = []
         error: str | None = None
         try:
-            for key, slot in items:
-                err = self._load_one(key, slot, abandoned)
+            done = self._read_batch(items, abandoned)
+            for (key, slot), result in zip(items, done, strict=True):
+                err = self._load_one(key, slot, abandoned) if isinstance(result, _Redo) else result
                 if err is None:
                     ok.append(key)
                 else:
@@ -86,6 +105,60 @@ class LoadPath:
             with self._lock:
                 self.parts.index.touch_locked(ok, time.time())
         return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
+
+    def _read_batch(
+        self, items: list[tuple[BlockKey, int]], abandoned: Callable[[], bool] | None
+    ) -> list[str | _Redo | None]:
+        """Per item: ``None`` (read and verified by the batched reader), a failure reason (its
+        header or checksum is wrong: dropped as corrupt), or ``_REDO`` (the Python path reads it)."""
+        reader = self._batch
+        if reader is None:
+            return [_REDO] * len(items)
+        epoch0 = reader.epoch()  # before the flag: an abandon after this check stops the read
+        if abandoned is not None and abandoned():
+            return [_REDO] * len(items)
+        batch: list[BatchItem] = []
+        now = time.time()
+        for key, slot in items:
+            path = self.parts.layout.path_of(key)
+            # Same rule as the Python path: refresh the mtime at most once a minute per block.
+            touch = self.record_access and now - self.parts.index.access.get(key, 0.0) > _ACCESS_GRANULARITY
+            direct = self.direct_io and self._align.aligned(slot)
+            batch.append(BatchItem(path, slot, bytes(key), touch, direct))
+        done, headers, hchecks, pchecks = reader.read(batch, epoch0)
+        hlen, n = reader.header_len, self.block_bytes
+        out: list[str | _Redo | None] = []
+        for i, (item, fine) in enumerate(zip(batch, done, strict=True)):
+            if not fine or codec.header_size(len(item.key), HEADER_ALIGN) != hlen:
+                out.append(_REDO)
+                continue
+            try:
+                header = codec.parse_header(
+                    headers[i * hlen : (i + 1) * hlen].data, expected_key=item.key,
+                    ns_tag=self.parts.layout.ns_tag, payload_len=n, header_check=hchecks[i],
+                )  # fmt: skip
+                if header.header_len != hlen:
+                    raise codec.CorruptBlockError(
+                        "header", f"header length {header.header_len}, expected {hlen}"
+                    )
+                if self.verify:
+                    codec.check_payload_digest(header, pchecks[i])
+            except codec.CorruptBlockError as exc:
+                self._drop_corrupt(BlockKey(item.key), item.path, exc.reason)
+                out.append(f"corrupt: {exc.reason}")
+                continue
+            out.append(None)
+        return out
+
+    @property
+    def batched(self) -> bool:
+        """Whether loads go through the batched reader (one GIL-free call per chunk)."""
+        return self._batch is not None
+
+    def note_abandon(self) -> None:
+        """A job was given up: a batched read in progress stops before its next block."""
+        if self._batch is not None:
+            self._batch.note_abandon()
 
     def _load_one(self, key: BlockKey, slot: int, abandoned: Callable[[], bool] | None = None) -> str | None:
         """Fill ``slot`` with ``key``'s payload; ``None`` on success, else a short reason."""

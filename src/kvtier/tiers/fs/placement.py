@@ -46,9 +46,15 @@ class Placement:
 
     def choose(self, key: bytes, admitted: Sequence[int]) -> int | None:
         """The admitted root with the highest score for ``key`` (``None`` when none is admitted)."""
-        best, best_score = None, -1.0
+        return self.choose_two(key, admitted)[0]
+
+    def choose_two(self, key: bytes, admitted: Sequence[int]) -> tuple[int | None, int | None]:
+        """The admitted roots with the highest and the second-highest score for ``key``."""
+        best, best_score, second, second_score = None, -1.0, None, -1.0
         for r in admitted:
             s = self.score(r, key)
             if s > best_score:
-                best, best_score = r, s
-        return best
+                best, best_score, second, second_score = r, s, best, best_score
+            elif s > second_score:
+                second, second_score = r, s
+        return best, second

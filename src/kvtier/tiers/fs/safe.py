@@ -169,6 +169,20 @@ class SafeTree:
             self._leaves[rel] = (fd, tuple(checks))
         return fd, name, temp
 
+    def cached_leaf(self, path: str) -> tuple[int, str, tuple[tuple[int, str, int], ...]] | None:
+        """``(directory fd, file name, checks)`` of ``path`` when its shard is cached, else ``None``;
+        no system call. ``checks`` are the ``(parent fd, name, st_ino)`` levels :meth:`_locate`'s
+        fast path verifies with ``fstatat`` before trusting the descriptor: the caller must do
+        the same (the batched reader does, in C). Descriptors are retired, never closed, before
+        :meth:`close`, so they stay valid while a worker uses them."""
+        if not path.startswith(self._prefix):
+            return None
+        d, _, name = path[self._plen :].rpartition("/")
+        hit = self._leaves.get(d)
+        if hit is None or name in _BAD_NAMES:
+            return None
+        return hit[0], name, hit[1]
+
     @contextlib.contextmanager
     def leaf(self, path: str) -> Iterator[tuple[int, str]]:
         """``(descriptor of the directory holding path, file name)`` for a path of the tree (a

@@ -10,7 +10,8 @@ included), and in front of them:
   same roots places a key alike, and a restart with a root added or removed moves only that root's
   share. Lookups ask every admitted root's in-memory index (a dict test each, no system call), so
   a block is found wherever it is: one stored while its preferred root was fenced, or placed under
-  an older set of roots.
+  an older set of roots, or spilled: a store whose root has its ``threads`` worth of blocks queued
+  beyond the runner-up's (a burst of other jobs) goes to the runner-up.
 * **Health** (:mod:`kvtier.tiers.fs.health`): a root whose jobs fail with a disk error, or that
   stalls past ``io_timeout``, is fenced: its blocks answer MISS, its stores go to the other roots;
   it is probed every ``probe_interval`` s off the engine's thread and readmitted when a probe passes.
@@ -163,6 +164,8 @@ class StripedFsTier(SecondaryTier):
         self._ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
         self._subjobs: dict[int, tuple[int, _Job, Sequence[BlockKey]]] = {}
+        #: Blocks of the sub-jobs each root has not reported yet (what a burst spills by).
+        self._queued = [0] * len(specs)
         self._results: list[JobResult] = []
         self._closed = False
         self._stop = threading.Event()
@@ -247,13 +250,17 @@ class StripedFsTier(SecondaryTier):
             self._finish_now(state, why)
             return
         groups: dict[int, tuple[list[BlockKey], list[int]]] = {}
-        choose = self.placement.choose
+        choose, queued = self.placement.choose_two, self._queued
         for key, slot in zip(job.keys, slots, strict=True):
             if self._holder(key, admitted) is not None:
                 state.ok.add(key)  # held (on its root or where a fenced root's store went)
                 continue
-            root = choose(bytes(key), admitted)
+            root, second = choose(bytes(key), admitted)
             assert root is not None
+            # A burst: the key's root has a round of work (its threads' worth of blocks) queued
+            # beyond the runner-up's, from other jobs; the runner-up takes it (lookups ask every root).
+            if second is not None and queued[root] >= queued[second] + self.roots[root].threads:
+                root = second
             ks, ss = groups.setdefault(root, ([], []))
             ks.append(key)
             ss.append(slot)
@@ -286,6 +293,7 @@ class StripedFsTier(SecondaryTier):
                 sub_id = next(self._ids)
                 state.pending.add(sub_id)
                 self._subjobs[sub_id] = (root, state, keys)
+                self._queued[root] += len(keys)
                 subs.append((root, TransferJob(
                     sub_id, keys, np.asarray(slots, dtype=np.int32), job.is_promotion, job.req_context,
                     job.submit_time,
@@ -300,7 +308,7 @@ class StripedFsTier(SecondaryTier):
                 # the engine. Fence it; the sub-job is given up (a load's keys miss; a store fails).
                 self._fence(root, "stalled: its lock is held by I/O that does not return")
                 with self._lock:
-                    self._subjobs.pop(sub.job_id, None)
+                    self._forget_locked(sub.job_id)
                     state.pending.discard(sub.job_id)
                     state.error = state.error or f"root {root} stalled"
                     if not state.pending:
@@ -343,7 +351,7 @@ class StripedFsTier(SecondaryTier):
                     root = self._subjobs[sub_id][0]
                     if not (expired or (force_deadline and self.health[root].fenced)):
                         continue
-                    del self._subjobs[sub_id]
+                    self._forget_locked(sub_id)
                     state.pending.discard(sub_id)
                     self.roots[root].abandon(sub_id)
                     self.health[root].timeouts += 1
@@ -353,7 +361,7 @@ class StripedFsTier(SecondaryTier):
                     self._complete_locked(state)
 
     def _merge_locked(self, root: int, r: JobResult) -> None:
-        entry = self._subjobs.pop(r.job_id, None)
+        entry = self._forget_locked(r.job_id)
         health = self.health[root]
         health.observe(r.seconds)
         if not r.success:
@@ -377,6 +385,12 @@ class StripedFsTier(SecondaryTier):
             state.error = r.error
         if not state.pending:
             self._complete_locked(state)
+
+    def _forget_locked(self, sub_id: int) -> tuple[int, _Job, Sequence[BlockKey]] | None:
+        entry = self._subjobs.pop(sub_id, None)
+        if entry is not None:
+            self._queued[entry[0]] -= len(entry[2])
+        return entry
 
     def _complete_locked(self, state: _Job) -> None:
         job = state.job

@@ -59,9 +59,11 @@ from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy
 from kvtier.tiers.fs.scan import TreeScanner
 from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
+from kvtier.tiers.fs.segment_queue import FLUSHERS, StoreQueue, each_job
 from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
+from kvtier.transfer.workers import Priority
 
 __all__ = ["STRIPED_ONLY", "FsTier", "as_striped", "refuse_striped_options"]
 
@@ -91,6 +93,9 @@ def refuse_striped_options(**given: object) -> None:
                 '"root_dirs": ["<your root_dir>"] instead of root_dir',
             )  # fmt: skip
 
+
+#: Most blocks per load chunk when loads go through the batched reader (:mod:`.batchread`).
+_BATCHED_LOAD_BLOCKS = 64
 
 log = logging.getLogger("kvtier.tiers.fs")
 
@@ -218,10 +223,33 @@ class FsTier(AsyncTier):
         #: Job ids a striped tier gave up on (a set: adds and membership tests are atomic).
         self._abandoned: set[int] = set()
         self._policy_options = dict(policy_options or {})
+        self.accounting = self._open_namespace()
+        self._pick_io(direct_io, read_io)
+        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
+        # exist hold nothing, so lookups there are authoritative MISSes at once.
+        present = self.layout.present_tops()
+        self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
+        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
+        self.shard_dirs = ShardDirs(self.accounting.tree)
+        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+        self._build_paths(parts)
+        #: The small-block path (``None``: one file per block).
+        self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
+        self._small_jobs = None if self.segments is None else StoreQueue(
+            self._store_small, self._settled_locked, lock=self._lock, flushers=FLUSHERS,
+            block_bytes=self.block_bytes, log=self.rlog,
+        )  # fmt: skip
+        self.accounting.on_events = self._scanner.apply_events
+        self.accounting.on_epoch_change = self._scanner.on_epoch_change
+        self._scanner.start()
+
+    def _open_namespace(self) -> SharedAccounting:
+        """Create the namespace directory and open its shared accounting (``ConfigError`` naming
+        ``root_dir`` when it cannot be written)."""
         token = f"{os.getpid()}-{os.urandom(4).hex()}"
         try:
             self.layout.ensure("root_dir")
-            self.accounting = SharedAccounting(
+            return SharedAccounting(
                 self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
                 owners=None if self.shared_root else (os.geteuid(),),
             )  # fmt: skip
@@ -232,6 +260,9 @@ class FsTier(AsyncTier):
                 f"cannot write the namespace directory: {where} ({exc.strerror or exc}); "
                 "choose a writable root_dir or make it writable by this user",
             ) from exc
+
+    def _pick_io(self, direct_io: str, read_io: str) -> None:
+        """Set ``direct_io`` / ``read_direct`` from the options and what the file system takes."""
         probed = (direct_io != "never" or read_io == "direct") and probe_direct_io(self.accounting.tmp_dir)
         if direct_io == "always" and not probed:
             self.accounting.close()
@@ -240,13 +271,9 @@ class FsTier(AsyncTier):
             )
         self.direct_io = probed and direct_io != "never"
         self.read_direct = probed and (read_io == "direct" or (read_io == "auto" and self.direct_io))
-        # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
-        # exist hold nothing, so lookups there are authoritative MISSes at once.
-        present = self.layout.present_tops()
-        self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
-        self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
-        self.shard_dirs = ShardDirs(self.accounting.tree)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+
+    def _build_paths(self, parts: FsParts) -> None:
+        """The store path, the load path and the tree scanner, over the same parts."""
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
             block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
@@ -257,35 +284,35 @@ class FsTier(AsyncTier):
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
             record_access=self.record_access, direct_io=self.read_direct,
         )  # fmt: skip
+        if self._load.batched:
+            # One GIL hand-off per chunk: a load is spread over the threads in as few chunks as
+            # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
+            self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
         self._scanner = TreeScanner(
             parts, dirs=self.shard_dirs, max_bytes=self.max_bytes, new_policy=self._new_policy,
             make_room=self._store.make_room, refresh_interval=self.refresh_interval,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
-        #: The small-block path (``None``: one file per block).
-        self.segments: SegmentStore | None = None
-        if small:
-            try:
-                self.segments = SegmentStore(
-                    parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
-                    full_backoff=self.full_backoff, max_bytes=self.max_bytes,
-                    segment_bytes=seg_cap or 0,
-                    fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
-                    refresh_interval=self.refresh_interval,
-                )  # fmt: skip
-            except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
-                self.accounting.close()
-                raise ConfigError(
-                    "root_dir",
-                    f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
-                    "of yours, not a link: remove it",
-                ) from exc
-            except BaseException:
-                self.accounting.close()
-                raise
-        self.accounting.on_events = self._scanner.apply_events
-        self.accounting.on_epoch_change = self._scanner.on_epoch_change
-        self._scanner.start()
+
+    def _open_segments(self, parts: FsParts, seg_cap: int) -> SegmentStore:
+        """The small-block path's segment store (the accounting is closed if it cannot open)."""
+        try:
+            return SegmentStore(
+                parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
+                full_backoff=self.full_backoff, max_bytes=self.max_bytes, segment_bytes=seg_cap,
+                fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
+                refresh_interval=self.refresh_interval,
+            )  # fmt: skip
+        except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
+            self.accounting.close()
+            raise ConfigError(
+                "root_dir",
+                f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
+                "of yours, not a link: remove it",
+            ) from exc
+        except BaseException:
+            self.accounting.close()
+            raise
 
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
@@ -393,6 +420,26 @@ class FsTier(AsyncTier):
             return self.segments.write_chunk(state, items)
         return self._store.write_chunk(state, items)
 
+    def _launch(self, state: JobState, priority: Priority) -> None:
+        queue = self._small_jobs  # small store jobs on the small-block path: segment_queue.py
+        if queue is None or state.load or not state.items or len(state.items) > self.batch_blocks:
+            super()._launch(state, priority)
+        elif queue.put(state):
+            self._workers().submit(priority, queue.flush)
+
+    def _store_small(self, states: list[JobState]) -> list[ChunkOutcome]:
+        """A batch of small store jobs (a ``_store_chunk`` replaced by a test sees each job)."""
+        seg = self.segments
+        if seg is None or "_store_chunk" in vars(self) or type(self)._store_chunk is not FsTier._store_chunk:
+            return each_job(self._store_chunk, states, self.rlog)
+        return seg.write_jobs(states)
+
+    def _settled_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
+        self._record_locked(state, outcome)
+        self._abandoned.discard(state.job.job_id)  # as _complete does
+        self.index.storing.difference_update(k for k, _ in state.items)
+        self._report_locked(state)
+
     def _before_load(self, state: JobState) -> None:
         self.index.begin_loads_locked(state.job.keys)
 
@@ -430,6 +477,7 @@ class FsTier(AsyncTier):
         """The caller gave job ``job_id`` up (its deadline passed): chunks of it not yet reading
         skip their reads, so no slot the engine may reuse is written. Its report still comes."""
         self._abandoned.add(job_id)
+        self._load.note_abandon()
 
     def responsive(self, timeout: float) -> bool:
         """Whether this tier's lock can be taken within ``timeout`` s. A worker holds it across a
@@ -527,6 +575,8 @@ class FsTier(AsyncTier):
         d.update(self.store_gate.counters())  # gate_state, gate_throttled, gate_ms_per_mib
         if self.segments is not None:
             d.update(self.segments.stats())
+        if self._small_jobs is not None:
+            d["seg_store_batches"] = self._small_jobs.batches
         return d
 
     def config_info(self) -> dict[str, Any]:

@@ -79,12 +79,13 @@ import numpy as np
 from kvtier import codec
 from kvtier.errors import ConfigError, MisuseError, TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import MAX_BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.mooncake import codes as mc
+from kvtier.tiers.mooncake.options import MooncakeOptions
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
+from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.transfer.workers import Priority
 
 __all__ = ["HEADER_ROW", "MooncakeTier"]
@@ -94,16 +95,6 @@ Item = tuple[BlockKey, int]
 HEADER_ROW = 1024
 _PROBE_BYTES = 64
 _DEADLINE_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
-_PROTOCOLS = ("tcp", "rdma")
-#: Default ``store_staging_max_block``: the largest block size staged stores were measured at.
-_STORE_STAGING_MAX = 2 << 20
-
-
-def _size(name: str, value: Any, *, minimum: int) -> int:
-    rng = range_of(MooncakeTier.option_ranges, name)
-    if isinstance(value, float):  # integral floats are not bytes Mooncake's C++ client accepts
-        raise ConfigError(name, f"expected {rng.describe()}, got {value!r}")
-    return int(check_number(name, value, rng))
 
 
 def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
@@ -117,114 +108,23 @@ def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _text(name: str, value: Any, example: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(name, f'expected a string such as "{example}", got {value!r}')
-    return value
-
-
 class MooncakeTier(RemoteTier):
-    """KV blocks in a Mooncake Store (see the module doc).
-
-    Args:
-        master_server_addr: ``host:port`` of ``mooncake_master``'s RPC service.
-        metadata_server: the transfer engine's metadata service (the master's
-            ``http://host:port/metadata`` when it runs ``-enable_http_metadata_server``, or an etcd URL).
-        local_hostname: the address this process advertises to the store (this node's address on a
-            real cluster; ``127.0.0.1`` for a single machine).
-        protocol: ``"tcp"`` or ``"rdma"`` (passed through; RDMA needs the CUDA/RDMA wheel and devices).
-        rdma_devices: RDMA device names for ``protocol: rdma`` (comma separated).
-        local_buffer_size: bytes of the client's staging buffer (zero-copy transfers barely use it).
-        global_segment_size: bytes this process lends to the store (0: a pure client; the data lives
-            in the holders).
-        replica_num: replicas per object.
-        key_prefix: first part of every key (deployments sharing one store keep apart by it).
-        tenant_id: the store's own tenant (see the module doc).
-        staging_max_block: blocks of at most this many bytes move as ONE piece per object through
-            a registered per-worker staging buffer (one copy each way); larger ones zero-copy as
-            two pieces (see the module doc). 0: always zero-copy. Loads use it; stores too
-            unless ``store_staging_max_block`` is given.
-        store_staging_max_block: the same threshold for stores (default: 2 MiB, or 0 when
-            ``staging_max_block`` is 0). Staging rows are allocated per worker on first use
-            (``batch_blocks`` rows of 1 KiB + a block; untouched rows cost no memory).
-        **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
-    """
+    """KV blocks in a Mooncake Store (see the module doc); its options are
+    :class:`~kvtier.tiers.mooncake.options.MooncakeOptions`."""
 
     error_map: ClassVar[ErrorMap] = mc.MOONCAKE_ERRORS
-    option_ranges: ClassVar[Ranges] = {
-        **RemoteTier.option_ranges,
-        "local_buffer_size": Range(1 << 20, MAX_BYTES, integer=True),
-        "global_segment_size": Range(0, MAX_BYTES, integer=True),
-        "replica_num": Range(1, 64, integer=True),
-        "staging_max_block": Range(0, MAX_BYTES, integer=True),
-        "store_staging_max_block": Range(0, MAX_BYTES, integer=True),
-    }
+    options_class: ClassVar[type[RemoteOptions]] = MooncakeOptions
+    options: MooncakeOptions
     spreads_jobs: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        *,
-        primary_kv_view: memoryview,
-        context: TierContext,
-        master_server_addr: str | None = None,
-        metadata_server: str | None = None,
-        local_hostname: str = "127.0.0.1",
-        protocol: str = "tcp",
-        rdma_devices: str = "",
-        local_buffer_size: int = 16 << 20,
-        global_segment_size: int = 0,
-        replica_num: int = 1,
-        key_prefix: str = "kvtier",
-        tenant_id: str = "default",
-        staging_max_block: int = 512 << 10,
-        store_staging_max_block: int | None = None,
-        threads: int = 2,
-        batch_blocks: int = 64,
-        op_timeout: float = 2.0,
-        breaker_failures: int = 3,
-        breaker_reset: float = 1.0,
-        negative_ttl: float = 2.0,
-        unknown_keys: str = "check",
-        full_backoff: float = 1.0,
-        backpressure: Mapping[str, Any] | None = None,
-        index_capacity: int = 1 << 20,
-        log_interval: float = 10.0,
-    ) -> None:
-        # Every number first, before any worker thread or connection exists (kvtier.numbers).
-        check_numbers(locals(), MooncakeTier.option_ranges)
-        super().__init__(
-            primary_kv_view=primary_kv_view,
-            context=context,
-            threads=threads,
-            batch_blocks=batch_blocks,
-            op_timeout=op_timeout,
-            breaker_failures=breaker_failures,
-            breaker_reset=breaker_reset,
-            negative_ttl=negative_ttl,
-            unknown_keys=unknown_keys,
-            full_backoff=full_backoff,
-            backpressure=backpressure,
-            index_capacity=index_capacity,
-            log_interval=log_interval,
-        )
-        self.master_server_addr = _text("master_server_addr", master_server_addr, "10.0.0.5:50051")
-        self.metadata_server = _text("metadata_server", metadata_server, "http://10.0.0.5:8080/metadata")
-        self.local_hostname = _text("local_hostname", local_hostname, "10.0.0.7")
-        if protocol not in _PROTOCOLS:
-            raise ConfigError("protocol", f"expected one of {', '.join(_PROTOCOLS)}, got {protocol!r}")
-        self.protocol = protocol
-        if not isinstance(rdma_devices, str):
-            raise ConfigError("rdma_devices", f"expected a string of device names, got {rdma_devices!r}")
-        self.rdma_devices = rdma_devices
-        self.local_buffer_size = _size("local_buffer_size", local_buffer_size, minimum=1 << 20)
-        self.global_segment_size = _size("global_segment_size", global_segment_size, minimum=0)
-        self.replica_num = _size("replica_num", replica_num, minimum=1)
-        self.key_prefix = _text("key_prefix", key_prefix, "kvtier")
-        self.tenant_id = _text("tenant_id", tenant_id, "default")
-        self.staging_max_block = _size("staging_max_block", staging_max_block, minimum=0)
-        if store_staging_max_block is None:
-            store_staging_max_block = _STORE_STAGING_MAX if staging_max_block else 0
-        self.store_staging_max_block = _size("store_staging_max_block", store_staging_max_block, minimum=0)
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
+        o = self.options
+        self.master_server_addr, self.metadata_server = str(o.master_server_addr), str(o.metadata_server)
+        self.local_hostname, self.protocol, self.rdma_devices = o.local_hostname, o.protocol, o.rdma_devices
+        self.local_buffer_size, self.global_segment_size = o.local_buffer_size, o.global_segment_size
+        self.replica_num, self.key_prefix, self.tenant_id = o.replica_num, o.key_prefix, o.tenant_id
+        self.staging_max_block, self.store_staging_max_block = o.staging_max_block, o.store_staging
         if importlib.util.find_spec("mooncake") is None:
             raise ConfigError(
                 "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"

@@ -52,10 +52,8 @@ from __future__ import annotations
 import base64
 import binascii
 import http.client
-import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -66,13 +64,13 @@ import xxhash
 from botocore.config import Config
 
 from kvtier.config import parse_size
-from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.errors import TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import BYTES, Range, Ranges, check_number, check_numbers, range_of
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.obj.clients import META as _META
 from kvtier.tiers.obj.clients import ObjectBody, WorkerClients, direct_path, open_object, put_object
+from kvtier.tiers.obj.options import MAX_RETRIES, ObjOptions
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import (
     ErrorMap,
@@ -80,14 +78,12 @@ from kvtier.tiers.remote.errors import (
     RemoteRejectedError,
     RemoteTimeoutError,
 )
+from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.transfer.workers import Priority
 
-__all__ = ["S3_ERRORS", "ObjTier"]
+__all__ = ["MAX_RETRIES", "S3_ERRORS", "ObjTier"]
 
 Item = tuple[BlockKey, int]
-_DATA_PATHS = ("direct", "boto3")
-_ADDRESSING = ("auto", "path", "virtual")
-_MIN_PART = 5 << 20
 _MAX_HEX_KEY = 200
 _META_HEADER_MAX = 1024  # bytes of header moved to metadata (base64: ~1.4 KB of S3's 2 KB)
 _MISSING = ("NoSuchKey", "404", "NotFound")
@@ -145,145 +141,33 @@ def _is_missing(exc: bx.ClientError) -> bool:
     return code in _MISSING or status == 404
 
 
-#: Most retries per request (the ``retries`` option).
-MAX_RETRIES = 3
-
-
 class ObjTier(RemoteTier):
-    """KV blocks as S3 objects (see the module doc).
-
-    Args:
-        bucket: bucket name (required; created when ``create_bucket``).
-        prefix: first part of every object name.
-        endpoint_url: S3-compatible endpoint (Ceph RGW, MinIO); ``None`` = AWS.
-        region: AWS region (``None``: the standard chain's).
-        addressing_style: ``auto``, ``path`` (Ceph, MinIO) or ``virtual``.
-        access_key_id / secret_access_key / session_token: explicit credentials (prefer the env
-            variables named by ``access_key_env`` / ``secret_key_env``, or the standard chain).
-        io_threads: worker threads, each with its own client and connection.
-        max_bytes: kvtier-enforced capacity (``None``: unbounded; see the module doc).
-        multipart_threshold / multipart_chunk: sizes (``"64MiB"``) for multipart uploads.
-        retries: botocore retries per request (standard mode, exponential backoff).
-        sign_payload: SigV4-sign each body (SHA-256 on both ends; off: kvtier's checksum covers
-            the bytes, TLS the transport). On: every request goes through boto3.
-        data_path: ``direct`` (object ``GET``/``PUT`` on kvtier's own connection per worker,
-            :mod:`kvtier.tiers.obj.s3_wire`) or ``boto3`` (every request through boto3).
-        warm_listing: most objects listed at start to warm the index (0: no listing).
-        create_bucket: create the bucket if it does not exist (tests, single-tenant set-ups).
-        **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
-    """
+    """KV blocks as S3 objects (see the module doc); its options are
+    :class:`~kvtier.tiers.obj.options.ObjOptions`."""
 
     error_map: ClassVar[ErrorMap] = S3_ERRORS
-    option_ranges: ClassVar[Ranges] = {
-        **RemoteTier.option_ranges,
-        "io_threads": range_of(RemoteTier.option_ranges, "threads"),
-        # botocore has no total deadline: few retries keep a request within a few op_timeouts
-        # plus seconds of backoff; the direct path also stops at s3_wire.RETRY_WINDOW.
-        "retries": Range(0, MAX_RETRIES, integer=True),
-        "warm_listing": Range(0, 1 << 32, integer=True),
-        "max_bytes": BYTES,
-        "multipart_threshold": BYTES,
-        "multipart_chunk": BYTES,
-    }
+    options_class: ClassVar[type[RemoteOptions]] = ObjOptions
+    options: ObjOptions
 
-    def __init__(
-        self,
-        *,
-        primary_kv_view: memoryview,
-        context: TierContext,
-        bucket: str | None = None,
-        prefix: str = "kvtier",
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        addressing_style: str = "auto",
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        access_key_env: str | None = None,
-        secret_key_env: str | None = None,
-        io_threads: int = 8,
-        batch_blocks: int = 4,
-        max_bytes: int | str | None = None,
-        multipart_threshold: int | str = "64MiB",
-        multipart_chunk: int | str = "16MiB",
-        retries: int = 1,
-        sign_payload: bool = False,
-        data_path: str = "direct",
-        warm_listing: int = 100_000,
-        create_bucket: bool = False,
-        op_timeout: float = 1.0,
-        breaker_failures: int = 3,
-        breaker_reset: float = 1.0,
-        negative_ttl: float = 2.0,
-        unknown_keys: str = "check",
-        full_backoff: float = 1.0,
-        backpressure: Mapping[str, Any] | None = None,
-        index_capacity: int = 1 << 20,
-        log_interval: float = 10.0,
-    ) -> None:
-        # Every number first, before any worker thread or connection exists (kvtier.numbers).
-        check_numbers(locals(), ObjTier.option_ranges)
-        super().__init__(
-            primary_kv_view=primary_kv_view,
-            context=context,
-            threads=io_threads,
-            batch_blocks=batch_blocks,
-            op_timeout=op_timeout,
-            breaker_failures=breaker_failures,
-            breaker_reset=breaker_reset,
-            negative_ttl=negative_ttl,
-            unknown_keys=unknown_keys,
-            full_backoff=full_backoff,
-            backpressure=backpressure,
-            index_capacity=index_capacity,
-            log_interval=log_interval,
-        )
-        if not isinstance(bucket, str) or not bucket:
-            raise ConfigError("bucket", 'missing; give the bucket name, e.g. "kv-cache"')
-        if not isinstance(prefix, str) or not prefix.strip("/"):
-            raise ConfigError("prefix", f"expected a non-empty string, got {prefix!r}")
-        if addressing_style not in _ADDRESSING:
-            raise ConfigError(
-                "addressing_style", f"expected one of {', '.join(_ADDRESSING)}, got {addressing_style!r}"
-            )
-        if endpoint_url is not None and not (isinstance(endpoint_url, str) and "://" in endpoint_url):
-            raise ConfigError(
-                "endpoint_url", f'expected a URL such as "http://127.0.0.1:7480", got {endpoint_url!r}'
-            )
-        for name, value in (("retries", retries), ("warm_listing", warm_listing)):
-            check_number(name, value, range_of(self.option_ranges, name))
-        self.bucket = bucket
-        self.prefix = f"{prefix.strip('/')}/{context.namespace}/"
-        self.endpoint_url = endpoint_url
-        self.region = region
-        self.addressing_style = addressing_style
-        self.retries = retries
-        if not isinstance(sign_payload, bool):
-            raise ConfigError("sign_payload", f"expected true or false, got {sign_payload!r}")
-        self.sign_payload = sign_payload
-        if data_path not in _DATA_PATHS:
-            raise ConfigError("data_path", f"expected one of {', '.join(_DATA_PATHS)}, got {data_path!r}")
-        self.data_path = "boto3" if sign_payload else data_path  # the direct path never hashes bodies
-        self.warm_listing = warm_listing
-        self.create_bucket = bool(create_bucket)
-        self.max_bytes = None if max_bytes is None else parse_size(max_bytes, "max_bytes")
-        self.multipart_threshold = parse_size(multipart_threshold, "multipart_threshold")
-        self.multipart_chunk = parse_size(multipart_chunk, "multipart_chunk")
-        if self.multipart_chunk < _MIN_PART:
-            raise ConfigError(
-                "multipart_chunk", f"S3 parts are at least 5MiB, got {self.multipart_chunk} bytes"
-            )
-        self._credentials = {
-            "aws_access_key_id": _secret(access_key_id, access_key_env, "access_key_env"),
-            "aws_secret_access_key": _secret(secret_access_key, secret_key_env, "secret_key_env"),
-            "aws_session_token": session_token,
-        }
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
+        o = self.options
+        self.bucket = str(o.bucket)
+        self.prefix = f"{o.key_prefix.strip('/')}/{context.namespace}/"
+        self.endpoint_url, self.region, self.addressing_style = o.endpoint_url, o.region, o.addressing_style
+        self.retries, self.sign_payload, self.warm_listing = o.retries, o.sign_payload, o.warm_listing
+        self.data_path = "boto3" if o.sign_payload else o.data_path  # the direct path never hashes bodies
+        self.create_bucket = bool(o.create_bucket)
+        self.max_bytes = o.capacity
+        self.multipart_threshold = parse_size(o.multipart_threshold, "multipart_threshold")
+        self.multipart_chunk = o.part_bytes
+        self._credentials = o.credentials()
         # Capacity bookkeeping (only with max_bytes): object sizes in age order, under self._lock.
         self._sizes: OrderedDict[BlockKey, int] = OrderedDict()
         self._bytes = 0
         self._boot_lock = threading.Lock()
         self._booted = False
-        if warm_listing or create_bucket:
+        if self.warm_listing or self.create_bucket:
             self.run_on_worker(Priority.MAINTENANCE, self._boot)
         else:
             self.index.warm = True
@@ -544,14 +428,6 @@ class ObjTier(RemoteTier):
                 self.rlog.warning(
                     "delete", f"kvtier {self.name}: deleting {len(batch)} object(s) failed: {result}"
                 )
-
-
-def _secret(value: str | None, env: str | None, env_key: str) -> str | None:
-    if env is None:
-        return value
-    if not isinstance(env, str) or env not in os.environ:
-        raise ConfigError(env_key, f"environment variable {env!r} is not set")
-    return os.environ[env]
 
 
 def _decode_head(text: str | None) -> bytes | None:

@@ -27,22 +27,21 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from kvtier.config import parse_size
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.files import regular_file
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import BYTES, Range, Ranges, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
 from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.tiers.p2p.directory import PeerDirectory
+from kvtier.tiers.p2p.options import P2POptions, sim_pool, sub_key
 from kvtier.tiers.p2p.protocol import ProtocolError, load_secret
-from kvtier.tiers.p2p.service import SERVE_RANGES, check_serve_options
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import ErrorMap, RemoteTimeoutError
+from kvtier.tiers.remote.options import RemoteOptions
 
 __all__ = ["P2P_ERRORS", "P2PTier"]
 
@@ -96,26 +95,8 @@ class _Peers:
 
 
 class P2PTier(RemoteTier):
-    """Blocks held by peer instances' primary tiers (see the module doc).
-
-    Args (besides :class:`RemoteTier`'s):
-        peers: static ``"host:port"`` list of block servers.
-        directory: ``redis://`` URL of the shared directory (optional when ``peers`` is set).
-        secret_env / secret_file: where the shared secret is (one of them, or ``secret``, is
-            required).
-        secret: the secret itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__SECRET_FILE``, which
-            reads it from a file.
-        layout: layout fingerprint every peer must present (default: none beyond the namespace).
-        verify: check each block's checksum (default ``True``).
-        peer_networks: networks (CIDR) a holder named by the directory must be in before this
-            instance connects to it (default loopback only: ``127.0.0.0/8``, ``::1/128``); the
-            static ``peers`` are always trusted. Anyone who can write the directory could
-            otherwise steer every engine's connections to any host and port.
-        tls_ca: CA file to verify peers' TLS certificates (enables TLS to peers).
-        serve: options of this instance's own block server, started by the engine (``host``,
-            ``port``, ``max_connections``, ``tls_cert``, ``tls_key``, ``directory_ttl``).
-        sim_peers / sim_peer_bytes: simulation only (:meth:`simulation`); checked, else unused.
-    """
+    """Blocks held by peer instances' primary tiers (see the module doc); its options are
+    :class:`~kvtier.tiers.p2p.options.P2POptions`."""
 
     #: Marks a tier whose ``serve`` options start this engine's block server (kvtier.tiers.p2p.service).
     p2p_serves: ClassVar[bool] = True
@@ -124,87 +105,33 @@ class P2PTier(RemoteTier):
     #: Stores move nothing (``kvtier check`` probes the peers instead of a round trip).
     stores_nothing: ClassVar[bool] = True
     error_map: ClassVar[ErrorMap] = P2P_ERRORS
-    option_ranges: ClassVar[Ranges] = {
-        **RemoteTier.option_ranges,
-        "sim_peers": Range(0, 1 << 20, integer=True),
-        "sim_peer_bytes": BYTES,
-        "serve": SERVE_RANGES,
-    }
+    options_class: ClassVar[type[RemoteOptions]] = P2POptions
+    options: P2POptions
     simulation_uses_primary: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        *,
-        primary_kv_view: memoryview,
-        context: TierContext,
-        peers: Sequence[str] = (),
-        directory: str | None = None,
-        secret_env: str | None = None,
-        secret_file: str | None = None,
-        secret: str | None = None,
-        layout: str = "",
-        verify: bool = True,
-        peer_networks: Sequence[str] | None = None,
-        tls_ca: str | None = None,
-        serve: Mapping[str, Any] | None = None,
-        threads: int = 4,
-        batch_blocks: int = 8,
-        op_timeout: float = 1.0,
-        breaker_failures: int = 1,
-        breaker_reset: float = 2.0,
-        negative_ttl: float = 1.0,
-        unknown_keys: str = "check",
-        index_capacity: int = 1 << 20,
-        log_interval: float = 10.0,
-        sim_peers: int | None = None,
-        sim_peer_bytes: int | str | None = None,
-    ) -> None:
-        # Every number first, before any worker thread or connection exists (kvtier.numbers).
-        check_numbers(locals(), P2PTier.option_ranges)
-        _sim_pool({"peers": peers, "sim_peers": sim_peers, "sim_peer_bytes": sim_peer_bytes}, "")
-        super().__init__(
-            primary_kv_view=primary_kv_view, context=context, threads=threads, batch_blocks=batch_blocks,
-            op_timeout=op_timeout, breaker_failures=breaker_failures, breaker_reset=breaker_reset,
-            negative_ttl=negative_ttl, unknown_keys=unknown_keys, index_capacity=index_capacity,
-            log_interval=log_interval,
-        )  # fmt: skip
-        if isinstance(peers, str) or not isinstance(peers, Sequence):
-            raise ConfigError("peers", f'expected a list of "host:port", got {peers!r}')
-        for p in peers:
-            try:
-                parse_peer(p)
-            except ValueError as exc:
-                raise ConfigError("peers", f"{exc} (expected host:port)") from None
-        if not peers and not directory and serve is None:
-            raise ConfigError("peers", "a p2p tier needs peers, a directory URL, or serve options")
-        if serve is not None and not isinstance(serve, Mapping):
-            raise ConfigError("serve", f"expected an object such as {{'port': 7800}}, got {serve!r}")
-        if serve is not None:
-            check_serve_options(serve)
-        self.peers = [str(p) for p in peers]
-        self.peer_networks = _networks(peer_networks)
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
+        o = self.options
+        self.peers = [str(p) for p in o.peers]
+        self.peer_networks = o.networks()
         #: Directory entries refused: outside ``peer_networks`` or not an IP ``host:port``.
         self.untrusted_entries = 0
-        self.secret = load_secret(secret_env=secret_env, secret_file=secret_file, secret=secret)
-        self.layout = str(layout)
-        self.verify = bool(verify)
-        self.serve = dict(serve) if serve is not None else None
-        self.directory_url = directory
+        self.secret = load_secret(secret_env=o.secret_env, secret_file=o.secret_file, secret=o.secret)
+        self.layout = str(o.layout)
+        self.verify = bool(o.verify)
+        self.serve = dict(o.serve) if o.serve is not None else None
+        self.directory_url = o.directory
         #: Our own block server's address (set by the engine that starts it): never a route.
         self.self_address: str | None = None
-        self.ssl_context: ssl.SSLContext | None = None
-        if tls_ca is not None:
-            cafile = regular_file(tls_ca, "tls_ca", what="PEM file")
-            try:
-                self.ssl_context = ssl.create_default_context(cafile=cafile)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError("tls_ca", f"{cafile}: not a CA certificate file ({exc})") from None
-            self.ssl_context.check_hostname = False  # peers are addressed by IP; the CA vouches
+        self.ssl_context = None if o.tls_ca_file is None else _client_tls(o.tls_ca_file)
         self._directory = (
-            PeerDirectory(directory, context.namespace, timeout=op_timeout) if directory else None
+            PeerDirectory(o.directory, context.namespace, timeout=self.op_timeout) if o.directory else None
         )
         self._where: dict[BlockKey, str] = {}
         self._where_lock = threading.Lock()
+        # No listing to wait for (as the obj tier without one): an unknown key is a MISS at once,
+        # checked with the peers in the background.
+        self.index.warm = True
 
     # -- simulation (kvtier replay --simulate) -----------------------------------------------------
     @classmethod
@@ -227,7 +154,7 @@ class P2PTier(RemoteTier):
         fed by this trace's blocks, as if the peers served traffic like this instance's and never
         held a block twice: an upper bound for such a fleet (docs/p2p.md, Simulation).
         """
-        peers, peer_bytes = _sim_pool(options, key_path)
+        peers, peer_bytes = sim_pool(options, key_path)
         row_stride = primary.row_stride if primary else -(-max(block_bytes, 1) // 4096) * 4096
         if peer_bytes is not None:
             per_peer = peer_bytes // row_stride
@@ -235,7 +162,7 @@ class P2PTier(RemoteTier):
             per_peer = primary.slots
         else:
             raise ConfigError(
-                _sub(key_path, "sim_peer_bytes"),
+                sub_key(key_path, "sim_peer_bytes"),
                 'the peers\' primary-tier size is unknown here; set sim_peer_bytes (e.g. "8GiB")',
             )
         capacity = peers * per_peer
@@ -255,6 +182,14 @@ class P2PTier(RemoteTier):
 
     def _put(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         raise TierError("a p2p tier stores nothing")  # never reached: _before_store holds all
+
+    def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
+        unplaced = [k for k, _ in items if k not in self._where]
+        if unplaced:
+            # Keys held without a known peer (this instance's own stores, which its own server
+            # served while they were resident): ask the directory and the peers where they are now.
+            self._call("", lambda client: self._exists(client, "", unplaced))
+        return super()._load_chunk(state, items)
 
     def _get(self, client: Any, route: str, items: list[Item]) -> ChunkOutcome:
         if not route:
@@ -412,48 +347,12 @@ class P2PTier(RemoteTier):
             self._directory.close()
 
 
-def _sim_pool(options: Mapping[str, Any], key_path: str) -> tuple[int, int | None]:
-    """(peer count, bytes of one peer's primary tier or ``None`` = this config's) of the simulation."""
-    raw = options.get("sim_peers")
-    if raw is None:
-        peers = options.get("peers") or ()
-        if not peers and options.get("directory"):
-            raise ConfigError(
-                _sub(key_path, "sim_peers"),
-                "a p2p tier with a directory and no static peers has no known fleet size; set "
-                "sim_peers (the number of peer instances) to simulate it",
-            )
-        count = len(peers) if isinstance(peers, Sequence) and not isinstance(peers, str) else 0
-    elif isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise ConfigError(_sub(key_path, "sim_peers"), f"expected a peer count >= 0, got {raw!r}")
-    else:
-        count = raw
-    size = options.get("sim_peer_bytes")
-    return count, None if size is None else parse_size(size, _sub(key_path, "sim_peer_bytes"))
-
-
-#: Where a directory entry may point by default: this machine only (like Redis's protected mode).
-DEFAULT_PEER_NETWORKS = ("127.0.0.0/8", "::1/128")
-
-
-def _networks(value: Sequence[str] | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """``peer_networks`` parsed; ``ConfigError`` naming the entry that is no CIDR network."""
-    if value is None:
-        value = DEFAULT_PEER_NETWORKS
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ConfigError(
-            "peer_networks", f'expected a list of networks such as ["127.0.0.0/8"], got {value!r}'
-        )
-    out = []
-    for i, text in enumerate(value):
-        try:
-            out.append(ipaddress.ip_network(str(text), strict=False))
-        except ValueError:
-            raise ConfigError(
-                f"peer_networks[{i}]", f"expected a network such as 127.0.0.0/8, got {text!r}"
-            ) from None
-    return out
-
-
-def _sub(key_path: str, key: str) -> str:
-    return f"{key_path}.{key}" if key_path else key
+def _client_tls(ca_file: str) -> ssl.SSLContext:
+    """The TLS context of connections to peers, verified against ``tls_ca_file``."""
+    cafile = regular_file(ca_file, "tls_ca_file", what="PEM file")
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("tls_ca_file", f"{cafile}: not a CA certificate file ({exc})") from None
+    context.check_hostname = False  # peers are addressed by IP; the CA vouches
+    return context

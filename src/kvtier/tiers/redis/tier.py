@@ -26,17 +26,15 @@ logged (``config_info`` shows the URL without it).
   its own circuit breaker, so a dead master makes only its keys miss. A ``MOVED`` reply refreshes
   the slot map.
 
-Common options (threads, deadlines, breaker, back-pressure) are those of
-:class:`~kvtier.tiers.remote.RemoteTier`.
+Options: :class:`~kvtier.tiers.redis.options.RedisOptions` (the common ones, threads, deadlines,
+breaker, back-pressure, are :class:`~kvtier.tiers.remote.options.RemoteOptions`').
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import threading
-import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import redis
@@ -46,11 +44,11 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.errors import TierError, TierUnavailableError
 from kvtier.keys import BlockKey
-from kvtier.numbers import TTL_SECONDS, Ranges, check_number, check_numbers
 from kvtier.tiers.async_tier import ChunkOutcome
 from kvtier.tiers.base import TierContext
+from kvtier.tiers.redis.options import RedisOptions, redact
 from kvtier.tiers.redis.wire import BulkReader, conn_error_parser, conn_socket, live_socket, send_vectored
 from kvtier.tiers.remote.base import RemoteTier
 from kvtier.tiers.remote.errors import (
@@ -59,13 +57,13 @@ from kvtier.tiers.remote.errors import (
     RemoteRejectedError,
     RemoteTimeoutError,
 )
+from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.tiers.remote.sockio import reusable
 from kvtier.transfer.workers import Priority
 
 __all__ = ["REDIS_ERRORS", "RedisTier"]
 
 Item = tuple[BlockKey, int]
-_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _SMALL = 16 << 10  # pieces under this are joined before sending; larger ones go out as they are
 
 #: Every redis-py exception, mapped (tests/integration/test_redis_errors.py checks the coverage).
@@ -116,97 +114,24 @@ class _Conns:
 
 
 class RedisTier(RemoteTier):
-    """KV blocks in Redis / Valkey / Redis Cluster (see the module doc).
-
-    Args:
-        url: server URL (see the module doc).
-        cluster: ``True`` for a Redis Cluster (also implied by a ``+cluster`` URL).
-        key_prefix: first part of every key (several deployments can share a server).
-        ttl: seconds until a written block expires (``None``: never; the server's eviction decides).
-        password_env: name of an environment variable holding the password (overrides the URL's).
-        password: the password itself; meant for ``KVTIER_SECONDARY_TIERS__<i>__PASSWORD_FILE``,
-            which reads it from a file (overrides the URL's; not with ``password_env``).
-        tls_ca_file: PEM file of the certificate authorities a ``rediss://`` server's certificate
-            is checked against (default: the system's); the certificate must name the host.
-        **remote: the :class:`~kvtier.tiers.remote.RemoteTier` options.
-    """
+    """KV blocks in Redis / Valkey / Redis Cluster (see the module doc); its options are
+    :class:`~kvtier.tiers.redis.options.RedisOptions`."""
 
     error_map: ClassVar[ErrorMap] = REDIS_ERRORS
-    option_ranges: ClassVar[Ranges] = {**RemoteTier.option_ranges, "ttl": TTL_SECONDS}
+    options_class: ClassVar[type[RemoteOptions]] = RedisOptions
+    options: RedisOptions
 
-    def __init__(
-        self,
-        *,
-        primary_kv_view: memoryview,
-        context: TierContext,
-        url: str = "redis://127.0.0.1:6379/0",
-        cluster: bool = False,
-        key_prefix: str = "kvtier",
-        ttl: float | None = None,
-        password_env: str | None = None,
-        password: str | None = None,
-        tls_ca_file: str | None = None,
-        threads: int = 4,
-        batch_blocks: int = 8,
-        op_timeout: float = 1.0,
-        breaker_failures: int = 3,
-        breaker_reset: float = 1.0,
-        negative_ttl: float = 2.0,
-        unknown_keys: str = "check",
-        full_backoff: float = 1.0,
-        backpressure: Mapping[str, Any] | None = None,
-        index_capacity: int = 1 << 20,
-        log_interval: float = 10.0,
-    ) -> None:
-        # Every number first, before any worker thread or connection exists (kvtier.numbers).
-        check_numbers(locals(), RedisTier.option_ranges)
-        super().__init__(
-            primary_kv_view=primary_kv_view,
-            context=context,
-            threads=threads,
-            batch_blocks=batch_blocks,
-            op_timeout=op_timeout,
-            breaker_failures=breaker_failures,
-            breaker_reset=breaker_reset,
-            negative_ttl=negative_ttl,
-            unknown_keys=unknown_keys,
-            full_backoff=full_backoff,
-            backpressure=backpressure,
-            index_capacity=index_capacity,
-            log_interval=log_interval,
-        )
-        if not isinstance(url, str) or not url:
-            raise ConfigError("url", f'expected a URL such as "redis://host:6379/0", got {url!r}')
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in _SCHEMES:
-            raise ConfigError("url", f"scheme {parsed.scheme!r} is not one of {', '.join(_SCHEMES)}")
-        if not isinstance(cluster, bool):
-            raise ConfigError("cluster", f"expected true or false, got {cluster!r}")
-        self.cluster = cluster or parsed.scheme.endswith("+cluster")
-        if self.cluster and parsed.scheme == "unix":
-            raise ConfigError("cluster", "a Redis Cluster is reached over TCP: use a redis:// URL")
-        if not isinstance(key_prefix, str) or not key_prefix:
-            raise ConfigError("key_prefix", f"expected a non-empty string, got {key_prefix!r}")
-        self.ttl_ms = None if ttl is None else int(check_number("ttl", ttl, TTL_SECONDS) * 1000)
-        # Drop "+cluster" from the scheme only (urlunsplit would turn "unix:///p" into "unix:/p").
-        self._url = url.replace("+cluster://", "://", 1)
-        self._password: str | None = None
-        if password is not None and password_env is not None:
-            raise ConfigError("password", "set password (or PASSWORD_FILE) or password_env, not both")
-        if password is not None:
-            if not isinstance(password, str) or not password:
-                raise ConfigError("password", "expected a non-empty string (the value is never shown)")
-            self._password = password
-            self._url = _without_password(self._url)
-        if password_env is not None:
-            if not isinstance(password_env, str) or password_env not in os.environ:
-                raise ConfigError("password_env", f"environment variable {password_env!r} is not set")
-            self._password = os.environ[password_env]
-            self._url = _without_password(self._url)  # the URL's own password would win otherwise
-        self._shown_url = _redact(self._url)
-        self._tls = parsed.scheme.startswith("rediss")
-        self._ca_file = _ca_file(tls_ca_file, self._tls)
-        self._prefix = f"{key_prefix}:{context.namespace}:".encode()
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
+        o = self.options
+        self.cluster = o.is_cluster
+        self.ttl_ms = None if o.ttl is None else int(o.ttl * 1000)
+        self._url = o.client_url()
+        self._password = o.secret()
+        self._shown_url = redact(self._url)
+        self._tls = o.tls
+        self._ca_file = o.ca_file()
+        self._prefix = f"{o.key_prefix}:{context.namespace}:".encode()
         self._shared_lock = threading.Lock()
         self._conn_pool: Any = None
         self._cluster: Any = None
@@ -421,38 +346,3 @@ class RedisTier(RemoteTier):
 
         if not self.run_on_worker(Priority.MAINTENANCE, refresh):
             self._refreshing = False
-
-
-def _ca_file(value: object, tls: bool) -> str | None:
-    """``tls_ca_file`` checked: a readable file, and only with a ``rediss://`` URL."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError("tls_ca_file", f"expected the path of a PEM file, got {value!r}")
-    if not tls:
-        raise ConfigError("tls_ca_file", "is used by TLS only: write the url as rediss://host:port")
-    path = os.path.abspath(os.path.expanduser(value))
-    if not os.path.isfile(path) or not os.access(path, os.R_OK):
-        raise ConfigError("tls_ca_file", f"{path} is not a readable file; give the CA's PEM file")
-    return path
-
-
-def _without_password(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}@" if parts.username else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=user + host))
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password (never logged or shown)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urllib.parse.urlunsplit(parts._replace(netloc=user + host))

@@ -43,20 +43,23 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from kvtier import codec
-from kvtier.errors import ConfigError, TierError, TierUnavailableError
+from kvtier.errors import TierError, TierUnavailableError
 from kvtier.keys import BlockKey, LookupResult
-from kvtier.numbers import NONNEG_SECONDS, SECONDS, Range, Ranges, check_number, check_numbers, range_of
+from kvtier.numbers import SECONDS, Range, Ranges, check_number
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.remote.breaker import CircuitBreaker
 from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError, RemoteTimeoutError
 from kvtier.tiers.remote.index import ExistenceIndex
+from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.transfer.workers import Priority
 
 __all__ = ["RemoteTier", "positive_number"]
 
 Item = tuple[BlockKey, int]
+#: A backend operation on one route's items (``_put``, ``_get``).
+RouteOp = Callable[[Any, str, list[Item]], ChunkOutcome]
 T = TypeVar("T")
 _CHECK_BATCH = 256
 
@@ -66,10 +69,6 @@ def positive_number(name: str, value: Any, *, maximum: float | None = None) -> f
     :class:`ConfigError` naming ``name`` (:func:`kvtier.numbers.check_number`)."""
     rng = SECONDS if maximum is None else Range(0, maximum, open_low=True, unit="seconds")
     return float(check_number(name, value, rng))
-
-
-#: A request's own deadline: long enough for a cold gateway, short enough for a cache.
-OP_TIMEOUT = Range(0, 60, open_low=True, unit="seconds")
 
 
 def with_hint(err: TierError, hint_of: Callable[[TierError], str | None]) -> TierError:
@@ -85,17 +84,10 @@ def with_hint(err: TierError, hint_of: Callable[[TierError], str | None]) -> Tie
 class RemoteTier(AsyncTier):
     """A shared network tier (see the module doc).
 
-    Args (config keys common to every network tier):
-        threads: worker threads (each holds its own client). batch_blocks: blocks per chunk.
-        op_timeout: seconds, the deadline of one request (connect and read), <= 60.
-        breaker_failures: failed operations in a row that open a route's breaker.
-        breaker_reset: seconds a breaker stays open before a trial.
-        negative_ttl: seconds a key checked missing stays MISS before it is checked again.
-        unknown_keys: what a key the index does not know answers: ``"check"`` (MISS now, checked
-            on the server in the background), ``"wait"`` (RETRY until checked) or ``"miss"``.
-        full_backoff: seconds stores pause after a "server full" / "slow down" answer.
-        backpressure: latency marks of the store gate (:class:`~kvtier.tiers.backpressure.GateConfig`).
-        index_capacity: most keys the existence index remembers.
+    Its config keys are those of its ``options_class`` (:class:`~kvtier.tiers.remote.options.RemoteOptions`
+    for every network tier, plus each tier's own); the constructor takes them as keyword arguments,
+    checks them all before anything is built, and keeps them as ``self.options``. A subclass that
+    sets ``options_class`` gets its ``option_ranges`` and constructor signature from it.
     """
 
     medium: ClassVar[str] = "REMOTE"
@@ -104,60 +96,38 @@ class RemoteTier(AsyncTier):
     tolerates_off_thread_polling: ClassVar[bool] = True
     #: The backend's exception map (subclasses set it).
     error_map: ClassVar[ErrorMap] = ErrorMap("remote", [])
-    option_ranges: ClassVar[Ranges] = {
-        **AsyncTier.option_ranges,
-        "op_timeout": OP_TIMEOUT,
-        "breaker_failures": Range(1, 1 << 20, integer=True),
-        "breaker_reset": SECONDS,
-        "negative_ttl": NONNEG_SECONDS,
-        "full_backoff": SECONDS,
-        "index_capacity": Range(1, 1 << 32, integer=True),
-    }
+    #: The tier's options (subclasses set their own :class:`RemoteOptions` subclass).
+    options_class: ClassVar[type[RemoteOptions]] = RemoteOptions
+    option_ranges: ClassVar[Ranges] = RemoteOptions.option_ranges()
+    #: Old config keys still accepted (old -> new; the plug-in factory does not suggest them).
+    renamed_options: ClassVar[Mapping[str, str]] = RemoteOptions.renamed
+    options: RemoteOptions
 
-    def __init__(
-        self,
-        *,
-        primary_kv_view: memoryview,
-        context: TierContext,
-        threads: int = 4,
-        batch_blocks: int = 8,
-        op_timeout: float = 1.0,
-        breaker_failures: int = 3,
-        breaker_reset: float = 1.0,
-        negative_ttl: float = 2.0,
-        unknown_keys: str = "check",
-        full_backoff: float = 1.0,
-        backpressure: Mapping[str, Any] | None = None,
-        index_capacity: int = 1 << 20,
-        log_interval: float = 10.0,
-    ) -> None:
-        # Every number first, before any worker thread or connection exists (kvtier.numbers).
-        check_numbers(locals(), RemoteTier.option_ranges)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options_class" in cls.__dict__:
+            cls.option_ranges = cls.options_class.option_ranges()
+            cls.renamed_options = cls.options_class.renamed
+            setattr(cls, "__signature__", cls.options_class.signature())  # noqa: B010 (mypy: type has none)
+        elif "__init__" in cls.__dict__:
+            setattr(cls, "__signature__", None)  # noqa: B010 (its own __init__ says what it takes)
+
+    def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        # Every option checked first, before any worker thread or connection exists.
+        o = self.options = self.options_class.from_config(config, owner=type(self).__name__)
         super().__init__(
             primary_kv_view=primary_kv_view,
             context=context,
-            threads=threads,
-            batch_blocks=batch_blocks,
-            log_interval=log_interval,
-            store_gate=StoreGate(GateConfig.from_options(backpressure)),
+            threads=o.threads,
+            batch_blocks=o.batch_blocks,
+            log_interval=o.log_interval,
+            store_gate=StoreGate(GateConfig.from_options(o.backpressure)),
         )
-        ranges = RemoteTier.option_ranges
-        self.op_timeout = float(check_number("op_timeout", op_timeout, range_of(ranges, "op_timeout")))
-        self.breaker_failures = int(
-            check_number("breaker_failures", breaker_failures, range_of(ranges, "breaker_failures"))
-        )
-        self.breaker_reset = float(
-            check_number("breaker_reset", breaker_reset, range_of(ranges, "breaker_reset"))
-        )
-        self.full_backoff = float(
-            check_number("full_backoff", full_backoff, range_of(ranges, "full_backoff"))
-        )
-        check_number("negative_ttl", negative_ttl, range_of(ranges, "negative_ttl"))
-        if unknown_keys not in ExistenceIndex.POLICIES:
-            choices = ", ".join(ExistenceIndex.POLICIES)
-            raise ConfigError("unknown_keys", f"expected one of {choices}, got {unknown_keys!r}")
-        check_number("index_capacity", index_capacity, range_of(ranges, "index_capacity"))
-        self.index = ExistenceIndex(index_capacity, float(negative_ttl), unknown_keys, self.removals)
+        self.op_timeout = float(o.op_timeout)
+        self.breaker_failures = int(o.breaker_failures)
+        self.breaker_reset = float(o.breaker_reset)
+        self.full_backoff = float(o.full_backoff)
+        self.index = ExistenceIndex(o.index_capacity, float(o.negative_ttl), o.unknown_keys, self.removals)
         self.ns_tag = codec.namespace_tag(context.namespace)
         #: This namespace's block headers (``self.headers(key, payload)``).
         self.headers = codec.HeaderMaker(self.ns_tag, self.block_bytes)
@@ -169,6 +139,11 @@ class RemoteTier(AsyncTier):
         self._clients: list[Any] = []
         self._checkers = 0
         self._probing: set[str] = set()
+
+    @classmethod
+    def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
+        """Every option check of the constructor, building nothing (``kvtier check``)."""
+        cls.options_class.from_config(options, owner=cls.__name__)
 
     # -- to implement (worker threads; client exceptions may escape: the base maps them) ---------
     def _connect(self) -> Any:
@@ -400,19 +375,10 @@ class RemoteTier(AsyncTier):
             state.error = state.error or "server unreachable (circuit breaker open)"
 
     def _store_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
-        outcome = self._per_route(items, self._put)
-        if outcome.done:
-            with self._lock:
-                self.index.warm = True
-                self.index.add_many(outcome.done)
-        return outcome
+        return self._transfer(items, self._put)
 
     def _load_chunk(self, state: JobState, items: list[Item]) -> ChunkOutcome:
-        outcome = self._per_route(items, self._get)
-        if outcome.done:
-            with self._lock:
-                self.index.warm = True
-                self.index.add_many(outcome.done)
+        outcome = self._transfer(items, self._get)
         if outcome.error is None and len(outcome.done) < len(items):
             missing = len({k for k, _ in items}) - len(set(outcome.done))
             if missing:
@@ -429,9 +395,17 @@ class RemoteTier(AsyncTier):
                 self.log.debug("kvtier %s: error closing a client", self.name, exc_info=True)
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _per_route(
-        self, items: list[Item], op: Callable[[Any, str, list[Item]], ChunkOutcome]
-    ) -> ChunkOutcome:
+    def _transfer(self, items: list[Item], op: RouteOp) -> ChunkOutcome:
+        """``op`` (``_put`` or ``_get``) per route; the keys it moved are known to be on the server
+        (and the index has heard from it)."""
+        outcome = self._per_route(items, op)
+        if outcome.done:
+            with self._lock:
+                self.index.warm = True
+                self.index.add_many(outcome.done)
+        return outcome
+
+    def _per_route(self, items: list[Item], op: RouteOp) -> ChunkOutcome:
         # The client first: building it may load what routing needs (a Cluster's slot map).
         ready = self._call("", lambda client: client, answered=False)
         if isinstance(ready, TierError):
@@ -548,6 +522,9 @@ class RemoteTier(AsyncTier):
         finally:
             with self._lock:
                 self._probing.discard(route)
+
+
+setattr(RemoteTier, "__signature__", RemoteOptions.signature())  # noqa: B010
 
 
 def _read_exact(read_into: Callable[[memoryview], int], view: memoryview) -> bool:

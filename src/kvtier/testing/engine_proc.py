@@ -1,4 +1,5 @@
-"""One engine process for the shared-remote-tier tests: ``python remote_engine_proc.py CONFIG MODE N SEED``.
+"""One engine process of :class:`~kvtier.testing.SharedStoreTests`: ``python -m kvtier.testing.engine_proc
+CONFIG MODE N SEED TIMEOUT``.
 
 ``MODE`` is ``store`` (store N blocks through the engine, wait for write-through, print how many) or
 ``load`` (look the N keys up until they are promoted from the tier or ``timeout`` passes, load
@@ -18,6 +19,8 @@ import numpy as np
 from kvtier.engine import Engine
 from kvtier.keys import BlockKey
 
+__all__ = ["blocks", "run"]
+
 
 def blocks(n: int, seed: int, block_bytes: int) -> tuple[list[BlockKey], np.ndarray]:
     keys = [BlockKey(f"shared-{seed}-{i}".encode()) for i in range(n)]
@@ -26,6 +29,7 @@ def blocks(n: int, seed: int, block_bytes: int) -> tuple[list[BlockKey], np.ndar
 
 
 def run(config: dict[str, Any], mode: str, n: int, seed: int, timeout: float = 10.0) -> dict[str, Any]:
+    """Store or load (``mode``) ``n`` blocks of ``seed`` through an engine on ``config``."""
     keys, data = blocks(n, seed, int(config["block_bytes"]))
     with Engine(config) as eng:
         if mode == "store":
