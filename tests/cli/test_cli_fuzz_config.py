@@ -43,6 +43,8 @@ _TOP = {
     "write_after_hits": _junk,
     "max_inflight_jobs": _junk,
     "promotion_share": _numbers,
+    "pin_share": st.one_of(_numbers, _junk),
+    "pin_max_ttl_s": st.one_of(_numbers, _junk),
     "metrics_port": _junk,
     "model": _junk,
     "cache_salt": _junk,
@@ -112,6 +114,7 @@ def _configs(draw: st.DrawFn, root: str) -> dict[str, Any]:
 def _finite(cfg: KvtierConfig) -> None:
     assert cfg.cpu_bytes_to_use >= 0 and cfg.block_bytes >= 1
     assert math.isfinite(cfg.promotion_share)
+    assert 0.0 <= cfg.pin_share <= 1.0 and math.isfinite(cfg.pin_max_ttl_s) and cfg.pin_max_ttl_s > 0
 
 
 _ROOT = "/tmp/kvtier-fuzz-placeholder"

@@ -235,6 +235,25 @@ def test_shutdown_lets_vllm_unmap_its_primary_region(
     assert not [r for r in caplog.records if "Keeping" in r.getMessage()]
 
 
+def test_a_kv_hints_pin_on_kvtier_tier_is_named_once_as_having_no_effect(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+    from vllm.v1.kv_offload.base import ReqContext
+
+    adapter.reset_log_once()
+    pin = KvHintAction(action_id="k", action_type="kvtier.pin", action_version="1.0", payload={"ttl_s": 60})
+    with caplog.at_level(logging.WARNING), vllm_stack(tmp_path) as stack:
+        for i in range(3):  # three requests, one notice
+            ctx = ReqContext(req_id=f"hinted-{i}", kv_hints=KvHintsEnvelope("0.1", f"m{i}", [pin]))
+            with manager_lock(stack.manager):
+                stack.manager.on_new_request(ctx)
+                stack.manager.on_request_finished(ctx)
+        stack.store(offload_keys(2, salt=b"hinted"))  # the tier works on as before
+    notices = [r.getMessage() for r in caplog.records if "kvtier.pin" in r.getMessage()]
+    assert len(notices) == 1 and "KvtierOffloadingSpec" in notices[0] and "\n" not in notices[0]
+
+
 def _start_promotion(stack: Any, key: bytes, req_id: str) -> Any:
     """One request looks ``key`` up (a tier HIT: vLLM queues a promotion) and the step ends (vLLM
     submits it); returns the request's context, already reported finished."""

@@ -552,6 +552,123 @@ def test_the_documented_config_runs_as_written(tmp_path: Path) -> None:
         assert np.array_equal(s.load([victim])[0], payload(victim))
 
 
+# -- vLLM's kv_hints: kvtier's pin action (kvtier.integrations.vllm.hints) ------------------------
+def _pin_request(s: Scheduler, req_id: str, action: Mapping[str, Any]) -> ReqContext:
+    """A request carrying vLLM's own KvHintsEnvelope, as ``_create_req_context`` builds it."""
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    hints = KvHintsEnvelope(protocol_version="0.1", message_id=f"msg-{req_id}", actions=[
+        KvHintAction(action_id="route", action_type="kv.fetch", action_version="1.0", payload={}),
+        KvHintAction(**action),
+    ])  # fmt: skip
+    ctx = ReqContext(req_id=req_id, kv_hints=hints)
+    with manager_lock(s.manager):
+        s.manager.on_new_request(ctx)
+    return ctx
+
+
+def _pin_action(ttl: Any, version: str = "1.0") -> dict[str, Any]:
+    return {
+        "action_id": "keep", "action_type": "kvtier.pin", "action_version": version, "payload": {"ttl_s": ttl}
+    }  # fmt: skip
+
+
+def _store_as(s: Scheduler, ctx: ReqContext, keys: Sequence[bytes]) -> None:
+    with manager_lock(s.manager):
+        out = s.manager.prepare_store(list(keys), ctx)
+    assert out is not None and list(out.keys_to_store) == list(keys)
+    s.worker.call("store", out.store_spec.block_ids, [payload(k) for k in out.keys_to_store])
+    with manager_lock(s.manager):
+        s.manager.complete_store(set(out.keys_to_store), ctx)
+        s.manager.on_request_finished(ctx)
+    s.end_step([ctx.req_id])
+
+
+def _resident(s: Scheduler, keys: Sequence[bytes]) -> list[bool]:
+    """Whether each key is a HIT, asked by a request that then finishes (so it holds nothing)."""
+    ctx = s.request()
+    with manager_lock(s.manager):
+        found = [s.manager.lookup(k, ctx) is LookupResult.HIT for k in keys]
+        s.manager.on_request_finished(ctx)
+    s.end_step([ctx.req_id])
+    return found
+
+
+@pytest.mark.parametrize("policy", ["prefix", "lru"])
+def test_a_kv_hints_pin_keeps_the_requests_blocks_until_its_ttl_runs_out(policy: str) -> None:
+    ttl = 1.0
+    pinned = offload_keys(2, salt=b"pinned-" + policy.encode())
+    flood = offload_keys(6, salt=b"flood-" + policy.encode())
+    with stack({"eviction_policy": policy, "pin_share": 0.5}, chunks=4) as s:
+        ctx = _pin_request(s, "pinned", _pin_action(ttl))
+        started = time.monotonic()
+        _store_as(s, ctx, pinned)
+        for i in range(0, 6, 2):  # every other block goes through the two unpinned chunks
+            out = s.store(flood[i : i + 2])
+            assert out is not None and list(out.keys_to_store) == flood[i : i + 2]
+        assert time.monotonic() - started < ttl, "too slow a machine for this TTL"
+        assert _resident(s, pinned) == [True, True]
+        assert _resident(s, flood[:4]) == [False] * 4
+        assert s.manager.engine.stats()["primary"]["timed_pins"] == 2
+        time.sleep(max(0.0, started + ttl + 0.05 - time.monotonic()))
+        # The pins have run out: a store needing every chunk gets all four (with the pins held it
+        # would get two and vLLM would be told the rest did not fit).
+        after = offload_keys(4, salt=b"after-" + policy.encode())
+        out = s.store(after)
+        assert out is not None and list(out.keys_to_store) == after
+        assert s.manager.engine.stats()["primary"]["timed_pins"] == 0
+        assert _resident(s, pinned) == [False, False]
+
+
+def test_a_kv_hints_pin_keeps_the_blocks_a_request_hits_and_is_bounded_by_pin_share() -> None:
+    keys = offload_keys(4, salt=b"hit-pin")
+    with stack({"eviction_policy": "prefix", "pin_share": 0.25}, chunks=4) as s:
+        s.store(keys)  # stored by a request with no hint: nothing pinned
+        assert s.manager.engine.stats()["primary"]["timed_pins"] == 0
+        ctx = _pin_request(s, "reader", _pin_action(60))
+        with manager_lock(s.manager):
+            assert [s.manager.lookup(k, ctx) for k in keys[:2]] == [LookupResult.HIT] * 2
+            s.manager.on_request_finished(ctx)
+        s.end_step([ctx.req_id])
+        stats = s.manager.engine.stats()["primary"]
+        # pin_share 0.25 of 4 chunks: one block holds a pin, the second is refused, not queued.
+        assert (stats["timed_pins"], stats["timed_pins_refused"]) == (1, 1)
+        s.store(offload_keys(4, salt=b"flood-hit"))  # three chunks turn over; the pinned one stays
+        assert _resident(s, keys[:1]) == [True]
+        s.reset()  # vLLM's reset_cache: every block is stale, pinned ones too
+        assert _resident(s, keys[:1]) == [False]
+
+
+@pytest.mark.parametrize(
+    ("action", "field"),
+    [
+        (_pin_action(float("inf")), "kv_hints.actions[1].payload.ttl_s"),
+        (_pin_action(-1), "kv_hints.actions[1].payload.ttl_s"),
+        (_pin_action(7200), "kv_hints.actions[1].payload.ttl_s"),
+        (_pin_action("60"), "kv_hints.actions[1].payload.ttl_s"),
+        (_pin_action(60, version="2.0"), "kv_hints.actions[1].action_version"),
+    ],
+    ids=["inf", "negative", "over-max", "string", "version"],
+)
+def test_a_malformed_pin_hint_is_logged_in_one_line_and_the_request_runs_unpinned(
+    action: dict[str, Any], field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvtier.integrations.vllm.logonce import reset_log_once
+
+    reset_log_once()
+    keys = offload_keys(2, salt=field.encode())
+    with stack({"eviction_policy": "prefix", "pin_max_ttl_s": 3600}, chunks=2) as s:
+        with caplog.at_level("WARNING", logger="kvtier.integrations.vllm"):
+            ctx = _pin_request(s, "bad", action)
+        _store_as(s, ctx, keys)
+        assert s.manager.bad_hints == 1
+        assert s.manager.engine.stats()["primary"]["timed_pins"] == 0
+        (line,) = [r.getMessage() for r in caplog.records if "kv_hints" in r.getMessage()]
+        assert field in line and "\n" not in line
+        s.store(offload_keys(2, salt=b"after-bad"))  # nothing pinned: both chunks turn over
+        assert _resident(s, keys) == [False, False]
+
+
 # -- the vLLM 0.33 facts the design depends on ----------------------------------------------------
 def test_contract_workers_build_their_kv_caches_before_the_scheduler_exists() -> None:
     from vllm.v1.engine.core import EngineCore
@@ -593,6 +710,21 @@ def test_contract_the_scheduler_completes_transfers_by_key_set_and_never_touches
         assert "self.manager.complete_store(job_status.keys, req_status.req_context)" in src
     assert "self.manager.complete_load(job_status.keys, req_status.req_context)" in src
     assert "self.manager.touch(" not in src
+
+
+def test_contract_vllm_carries_kv_hints_to_the_offloading_manager() -> None:
+    """The pin hint's path: the request's envelope -> ReqContext.kv_hints -> on_new_request, and
+    the same context object on complete_store (scheduler.py ``_create_req_context``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    assert [f for f in KvHintsEnvelope.__struct_fields__] == ["protocol_version", "message_id", "actions"]
+    assert "payload" in KvHintAction.__struct_fields__
+    src = inspect.getsource(scheduler._create_req_context)
+    assert "kv_hints=req.kv_hints" in src
+    # 0.32/0.33 on one line, 0.34 with success= on the lines after.
+    calls = re.sub(r"\s+", "", inspect.getsource(scheduler))
+    assert "complete_store(job_status.keys,req_status.req_context" in calls
 
 
 def test_contract_vllms_cpu_worker_needs_a_gpu() -> None:

@@ -14,6 +14,9 @@ a list of steps:
 * ``{"op": "generate_batch", "prompts": [...], "max_tokens": 1}`` -> the same per prompt, but all
   prompts submitted in one ``llm.generate`` call, so the scheduler runs them concurrently (their
   lookups, promotions and stores interleave in the same engine steps); ``seconds`` is the batch's;
+* ``{"op": "generate_hinted", "prompts": [...], "kv_hints": {envelope}}`` -> the same per prompt,
+  each submitted through ``LLMEngine.add_request(..., kv_hints=KvHintsEnvelope(...))`` (vLLM's own
+  envelope, built from the JSON form) and stepped until it finishes;
 * ``{"op": "reset", "connector": true}`` -> vLLM's ``reset_prefix_cache``: the GPU-side prefix cache
   and, with ``connector``, vLLM's CPU primary tier (secondary tiers keep their blocks);
 * ``{"op": "settle"}`` -> wait (at most 30 s) until the offloading connector has no transfer in
@@ -117,6 +120,33 @@ def generate(llm: Any, step: dict[str, Any], *, batch: bool = False) -> list[dic
     return results
 
 
+def generate_hinted(llm: Any, step: dict[str, Any]) -> list[dict[str, Any]]:
+    """One prompt at a time through ``add_request`` with vLLM's ``kv_hints`` envelope."""
+    from vllm import SamplingParams
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    raw = step["kv_hints"]
+    hints = KvHintsEnvelope(
+        protocol_version=raw["protocol_version"],
+        message_id=raw["message_id"],
+        actions=[KvHintAction(**a) for a in raw["actions"]],
+    )
+    params = SamplingParams(max_tokens=int(step.get("max_tokens", 1)), temperature=0.0, logprobs=5)
+    engine = llm.llm_engine
+    results = []
+    for i, ids in enumerate(step["prompts"]):
+        start = time.perf_counter()
+        engine.add_request(
+            f"hinted-{raw['message_id']}-{i}", {"prompt_token_ids": ids}, params, kv_hints=hints
+        )
+        done = []
+        while engine.has_unfinished_requests():
+            done += [out for out in engine.step() if out.finished]
+        (out,) = done
+        results.append(_result(out, time.perf_counter() - start))
+    return results
+
+
 def main(path: str) -> None:
     with open(path) as f:
         scenario = json.load(f)
@@ -142,6 +172,8 @@ def main(path: str) -> None:
             op = step["op"]
             if op == "generate":
                 result: Any = generate(llm, step)
+            elif op == "generate_hinted":
+                result = generate_hinted(llm, step)
             elif op == "generate_batch":
                 result = generate(llm, step, batch=True)
             elif op == "reset":

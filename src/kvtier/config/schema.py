@@ -15,6 +15,7 @@ Every error is a one-line :class:`~kvtier.errors.ConfigError` whose message star
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -175,6 +176,10 @@ class KvtierConfig:
     # Admission control: promotions may hold at most this share of the in-flight job budget so
     # they cannot starve stores.
     promotion_share: float = 0.5
+    # Pins with a deadline (``Engine.pin_for``, vLLM's ``kv_hints``): they may hold at most this
+    # share of the primary slots (0 turns them off), each for at most pin_max_ttl_s seconds.
+    pin_share: float = 0.25
+    pin_max_ttl_s: float = 3600.0
     metrics_port: int | None = None
     cost_model: Mapping[str, Any] = field(default_factory=dict)
     # Bytes each primary row keeps free after its block (rounded up to 4 KiB): the mooncake tier
@@ -201,6 +206,9 @@ class KvtierConfig:
 
 _TOP_KEYS = [f.name for f in fields(KvtierConfig) if f.name != "raw"]
 
+
+#: Longest ``pin_max_ttl_s``: a week (a pin is a hint, not storage).
+_MAX_PIN_TTL_S = 604800.0
 
 #: Largest ``primary_row_pad``: room for headers, not a second block.
 _MAX_ROW_PAD = 1 << 20
@@ -347,12 +355,37 @@ def _numbers(raw: Mapping[str, Any]) -> dict[str, Any]:
         if not 0.0 < float(share) <= 1.0:
             raise ConfigError("promotion_share", f"must be in (0, 1], got {share}")
         kw["promotion_share"] = float(share)
+    kw.update(_pin_numbers(raw))
     if raw.get("metrics_port") is not None:
         port = _expect(raw["metrics_port"], int, "metrics_port", "a TCP port number")
         if not 0 <= port <= 65535:
             raise ConfigError("metrics_port", f"must be in 0..65535, got {port}")
         kw["metrics_port"] = port
     return kw
+
+
+def _pin_numbers(raw: Mapping[str, Any]) -> dict[str, float]:
+    """``pin_share`` in [0, 1] and ``pin_max_ttl_s`` in (0, a week], when given."""
+    kw: dict[str, float] = {}
+    if "pin_share" in raw:
+        share = _finite(raw["pin_share"], "pin_share")
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError("pin_share", f"must be in [0, 1] (0 turns pins off), got {share}")
+        kw["pin_share"] = share
+    if "pin_max_ttl_s" in raw:
+        ttl = _finite(raw["pin_max_ttl_s"], "pin_max_ttl_s")
+        if not 0.0 < ttl <= _MAX_PIN_TTL_S:
+            raise ConfigError("pin_max_ttl_s", f"must be in (0, {_MAX_PIN_TTL_S:g}] seconds, got {ttl}")
+        kw["pin_max_ttl_s"] = ttl
+    return kw
+
+
+def _finite(value: Any, key: str) -> float:
+    """``value`` as a float when it is a finite number (not a bool), else a one-line error."""
+    number = _expect(value, (int, float), key, "a number")
+    if isinstance(number, bool) or not math.isfinite(number):
+        raise ConfigError(key, f"expected a finite number, got {value!r}")
+    return float(number)
 
 
 def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:

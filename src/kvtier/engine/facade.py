@@ -60,7 +60,9 @@ from kvtier.engine.movers import KVMover
 from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
+from kvtier.engine.snapshot import engine_stats
 from kvtier.engine.tenants import TenantScope
+from kvtier.engine.timedpins import TimedPins
 from kvtier.engine.types import EngineEvent, LoadHandle, LookupReport, RequestContext, StoreHandle
 from kvtier.engine.writes import TierWrites, write_policies
 from kvtier.errors import MisuseError
@@ -139,6 +141,7 @@ class Engine:
             self.primary.close()
             raise
         self.primary.track_tiers = bool(self.tiers)
+        self.timed_pins = TimedPins(self.primary, cfg.pin_share, cfg.pin_max_ttl_s, clock)  # pin_for
         self._lock = threading.Lock()
         self._closed = False
         self._handles = HandleBook()
@@ -161,7 +164,7 @@ class Engine:
             self.counters,
             self._emit,
         )
-        self._reserve = self.writes.reserve
+        self._reserve = self.timed_pins.expiring(self.writes.reserve)
         self.admission = Admission(
             self.primary, self.tiers, self.jobs, self._reserve, self.counters, cfg.promotion_share, cost
         )
@@ -288,6 +291,15 @@ class Engine:
         if self._events.outbox:
             self._events.dispatch()
         return LookupReport(len(codes) - len(codes.lstrip(_LEADING_HIT)), None, npend, codes)
+
+    def pin_for(self, keys: Sequence[BlockKey], ttl_s: float, request: RequestContext | None = None) -> int:
+        """Keep the READY blocks of ``keys`` in the primary tier ``ttl_s`` seconds (engine clock); how
+        many hold such a pin now. Bounds, errors: :class:`~kvtier.engine.timedpins.TimedPins`."""
+        check_keys("pin_for", keys)
+        ikeys = self._scope(keys, request)
+        with self._lock:
+            self._check_open()
+            return self.timed_pins.pin(ikeys, ttl_s)
 
     # -- store -------------------------------------------------------------------------------
     def prepare_store(
@@ -534,6 +546,7 @@ class Engine:
         """Drop every unpinned READY block. Pinned, WRITING and FLUSHING blocks are kept."""
         with self._lock:
             self._check_open()
+            self.timed_pins.release_all()  # what they kept is as stale as everything else
             dropped = self.primary.drop_unpinned()
             self.counters["resets"] += 1
             self.counters["evictions"] += len(dropped)
@@ -579,22 +592,9 @@ class Engine:
         self._events.subscribe(callback)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``primary`` slot counts, per-tier stats by name, engine counters, ``latency``.
-
-        Each tier's entry is its ``get_stats()`` plus the engine's totals of it (see
-        :class:`~kvtier.engine.jobs.TierIo`) and ``promotions_skipped_cost`` (keys found there that
-        the cost gate did not load); ``primary`` adds its timed copies and ``inflight_jobs``
-        (``submit_*_kv``); ``latency`` is :meth:`~kvtier.engine.latency.Latency.snapshot`.
-        """
+        """Counters: the engine's, ``primary``, ``tiers`` by name, ``latency`` (:mod:`.snapshot`)."""
         with self._lock:
-            out: dict[str, Any] = dict(self.counters)
-            out["primary"] = self.primary.counts() | self._mover.primary_io()
-            out["primary"]["backing"] = self.primary.backing
-            skipped = self.admission.skipped_cost
-            out["tiers"] = {
-                tier.name: self.jobs.tier_stats(t) | {"promotions_skipped_cost": skipped[t]}
-                for t, tier in enumerate(self.tiers)
-            }
-            out.update(self.jobs.counters())
-            out["latency"] = self.latency.snapshot()
-            return out
+            return engine_stats(
+                self.counters, self.primary, self.timed_pins, self._mover, self.admission, self.jobs,
+                self.tiers, self.latency,
+            )  # fmt: skip

@@ -57,7 +57,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.config import load_config
 from kvtier.config.vllm import spec_block, vllm_namespace
 from kvtier.engine import Engine, EngineEvent, LoadHandle, StoreHandle
+from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.hints import PinHint, pin_hint
+from kvtier.integrations.vllm.logonce import log_once
 from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.keys import BlockKey, LookupCode
 from kvtier.plugins import create_policy
@@ -190,6 +193,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         self._landed: list[EngineEvent] = []
         self._log: list[EngineEvent] = []
         self._closed = False
+        #: Requests whose ``kv_hints`` held a malformed ``kvtier.pin`` action (ignored, logged once).
+        self.bad_hints = 0
         # vLLM asks one chunk at a time and ends each step with on_schedule_end (which polls): the
         # step's promotions from one tier go out there as one load job (vLLM's tiering manager
         # batches the same way), not one job per chunk.
@@ -199,7 +204,27 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
 
     # -- requests, lookups -------------------------------------------------------------------
     def on_new_request(self, req_context: Any) -> RequestOffloadingContext:
+        """Read the request's ``kv_hints`` once: a ``kvtier.pin`` action (:mod:`.hints`) is kept
+        on the context (``ReqContext.set_state``, vLLM's per-request scratch space), so the blocks
+        the request hits or stores are pinned for its TTL. A malformed hint is logged and ignored."""
+        hints = getattr(req_context, "kv_hints", None)
+        if hints is not None and hasattr(req_context, "set_state"):
+            try:
+                hint = pin_hint(hints, self.engine.timed_pins.max_ttl_s)
+            except ConfigError as exc:
+                self.bad_hints += 1
+                log_once(f"kv_hints:{exc.key_path}", "kvtier: kv_hints ignored: %s", exc)
+            else:
+                if hint is not None:
+                    req_context.set_state(hint)
         return RequestOffloadingContext()
+
+    def _pin(self, keys: list[BlockKey], req_context: Any) -> None:
+        """Pin ``keys`` for the request's ``kvtier.pin`` TTL, if it gave one."""
+        get_state = getattr(req_context, "get_state", None)
+        hint = get_state(PinHint) if get_state is not None else None
+        if hint is not None and keys:
+            self.engine.pin_for(keys, hint.ttl_s)
 
     def lookup(self, key: OffloadKey, req_context: Any) -> LookupResult:
         """HIT (readable now), HIT_PENDING (being written or promoted), RETRY or MISS.
@@ -222,6 +247,7 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
             held = self._held.setdefault(req_id, {})
             if bytes(key) not in held:
                 held[bytes(key)] = self.engine.prepare_load([BlockKey(key)])
+            self._pin([BlockKey(key)], req_context)
         elif answer is LookupResult.HIT_PENDING:
             self._awaited.setdefault(bytes(key), set()).add(req_id)
         return answer
@@ -322,6 +348,8 @@ class KvtierOffloadingManager(OffloadingManager):  # type: ignore[misc,unused-ig
         handle = _pop(self._stores, keys)
         if handle is not None:
             self.engine.complete_store(handle, success)
+            if success:
+                self._pin(handle.keys, req_context)
             self._after_reset_progress()
 
     # -- steps, events -----------------------------------------------------------------------

@@ -88,6 +88,7 @@ from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entr
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
+from kvtier.integrations.vllm.hints import TIER_PIN_NOTICE, has_pin
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
 from kvtier.integrations.vllm.teardown import collect_cycles
@@ -490,6 +491,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             self._error("touch", exc)
 
     def on_new_request(self, req_context: Any) -> Any:
+        if has_pin(getattr(req_context, "kv_hints", None)):  # vLLM's own CPU tier decides evictions here
+            _log_once("kv_hints:tier", TIER_PIN_NOTICE)
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: Any) -> None:
