@@ -30,7 +30,7 @@ HOSTILE = [math.nan, math.inf, -math.inf, 1e300, -1e300, -1, -0.5]
 
 
 def numeric_options(cls: type) -> dict[str, inspect.Parameter]:
-    params = inspect.signature(cls.__init__).parameters.values()
+    params = inspect.signature(cls).parameters.values()
     return {
         p.name: p for p in params if isinstance(p.default, int | float) and not isinstance(p.default, bool)
     }
@@ -42,7 +42,7 @@ def all_options() -> list[tuple[str, str, Range]]:
     out = []
     for name in TIER_NAMES:
         cls = TIERS.resolve(name)
-        accepted = set(inspect.signature(cls.__init__).parameters)
+        accepted = set(inspect.signature(cls).parameters)
         for option, rng in cls.option_ranges.items():
             if option not in accepted:
                 continue
@@ -67,7 +67,7 @@ def test_every_numeric_option_is_declared(name: str) -> None:
     cls = TIERS.resolve(name)
     missing = sorted(set(numeric_options(cls)) - set(cls.option_ranges))
     assert not missing, f"tier {name!r}: numeric options without a declared range: {missing}"
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = inspect.signature(cls).parameters
     if "backpressure" in accepted:  # nested numeric options are declared too
         from kvtier.tiers.backpressure import GateConfig
 

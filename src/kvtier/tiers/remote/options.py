@@ -130,6 +130,8 @@ class RemoteOptions:
                 if (owner, key) not in _WARNED:
                     _WARNED.add((owner, key))
                     log.warning("%s: option %r is deprecated, use %r", owner or cls.__name__, key, new)
+                if new in cls.ranges:  # a bad number is named by the key the user wrote
+                    check_numbers({key: value}, {key: cls.ranges[new]})
                 key = new
             if key not in names:
                 close = difflib.get_close_matches(key, sorted(names), n=1)
