@@ -230,6 +230,10 @@ def test_real_equals_simulate_on_random_traces(
 # A store job longer than the tier: the fs tier reserves once per job (keeps the leading 12, drops
 # 8); a model making room chunk by chunk evicted its own earlier chunks instead.
 @example(convs=[(0, 20), (1, 3)], primary=24, fs_blocks=12, write_policy="write_through")
+# A lookup whose primary hits are due for an after-hits copy and which also finds a block in the fs
+# tier: the copy must be submitted after the promotion, or its eviction raced the lookup (the real
+# tier's worker had not made room yet: 1 fs hit; the model, every job done at once: 0).
+@example(convs=[(0, 1), (1, 1), (1, 4), (0, 5), (1, 4)], primary=8, fs_blocks=4, write_policy="after_hits")
 def test_two_tier_real_equals_simulate_on_random_traces(
     convs: list[tuple[int, int]], primary: int, fs_blocks: int, write_policy: str
 ) -> None:
