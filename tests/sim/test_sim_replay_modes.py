@@ -226,12 +226,27 @@ def test_real_equals_simulate_on_random_traces(
     primary=st.integers(8, 24),
     fs_blocks=st.integers(4, 40),
     write_policy=st.sampled_from(["write_through", "after_hits"]),
+    fs_policy=st.sampled_from(["lru", "s3fifo", "arc", "sieve"]),
 )
 # A store job longer than the tier: the fs tier reserves once per job (keeps the leading 12, drops
 # 8); a model making room chunk by chunk evicted its own earlier chunks instead.
-@example(convs=[(0, 20), (1, 3)], primary=24, fs_blocks=12, write_policy="write_through")
+@example(convs=[(0, 20), (1, 3)], primary=24, fs_blocks=12, write_policy="write_through", fs_policy="lru")
+# A lookup whose primary hits are due for an after-hits copy and which also finds a block in the fs
+# tier: the copy must be submitted after the promotion, or its eviction raced the lookup (the real
+# tier's worker had not made room yet: 1 fs hit; the model, every job done at once: 0).
+@example(
+    convs=[(0, 1), (1, 1), (1, 4), (0, 5), (1, 4)], primary=8, fs_blocks=4, write_policy="after_hits",
+    fs_policy="lru",
+)  # fmt: skip
+# S3-FIFO in the fs tier keeps a ghost of conversation 0's first block when it evicts it; stored
+# again, the ghost sends it to the main queue, where it outlives the newer blocks and hits last. The
+# real tier erased the ghost as well (policy.remove after evict): 0 fs hits against the model's 1.
+@example(
+    convs=[(0, 1), (0, 1), (0, 1), (1, 8), (0, 6), (1, 3), (0, 1)], primary=8, fs_blocks=4,
+    write_policy="write_through", fs_policy="s3fifo",
+)  # fmt: skip
 def test_two_tier_real_equals_simulate_on_random_traces(
-    convs: list[tuple[int, int]], primary: int, fs_blocks: int, write_policy: str
+    convs: list[tuple[int, int]], primary: int, fs_blocks: int, write_policy: str, fs_policy: str
 ) -> None:
     reqs = [
         TraceRequest(float(i), tuple(conv * 100 + j for j in range(turns)))
@@ -244,7 +259,7 @@ def test_two_tier_real_equals_simulate_on_random_traces(
             "write_policy": write_policy,
             "secondary_tiers": [
                 {"type": "fs", "root_dir": tmp, "max_bytes": fs_blocks * (4096 + 64), "threads": 1,
-                 "direct_io": "never"},
+                 "direct_io": "never", "eviction_policy": fs_policy},
             ],
         }  # fmt: skip
         config = load_config(raw)

@@ -214,9 +214,9 @@ class Engine:
         slots = list(map(pr.index.get, ikeys, repeat(-1, n)))
         codes = bytearray(n)
         nretry = npend = 0
+        touch: list[BlockKey] = []
         if n and max(slots) >= 0:
             states = pr.states
-            touch: list[BlockKey] = []
             rescue: list[BlockKey] = []
             # One pass in Python: requests are tens of keys, where numpy's per-call cost dominates.
             for i, s in enumerate(slots):
@@ -231,18 +231,18 @@ class Engine:
                     else:
                         codes[i] = _PENDING
             if rescue:
-                # A write-back victim hit again stays: READY (and most recent) once more, so it
-                # is not freed under the caller's feet when its flush ends.
+                # A write-back victim hit again is READY (most recent) again: not freed when its flush ends.
                 pr.rescue(rescue)
             if touch:
                 pr.policy.touch_many(touch)
-                if self.writes.hits_to_copy:
-                    self.writes.hit(touch, request)
             npend = codes.count(_PENDING)
         nhits = codes.count(_HIT)
         if self.tiers and nhits + npend < n:
             nretry, promoted = self.admission.lookup_tiers(ikeys, slots, codes, request)
             npend += promoted
+        if touch and self.writes.hits_to_copy:
+            # After this call's tier lookups and promotions, never before (why: TierWrites.hit).
+            self.writes.hit(touch, request)
         c = self.counters
         c["lookup_calls"] += 1
         c["lookups"] += n

@@ -158,7 +158,15 @@ class TierWrites:
             self._submit(self._on_commit, keys, slots, request)
 
     def hit(self, keys: list[BlockKey], request: Any) -> None:
-        """Lookups hit ``keys`` (READY, in the primary): after-hits copies those hit often enough."""
+        """Lookups hit ``keys`` (READY, in the primary): after-hits copies those hit often enough.
+
+        The engine calls this after the lookup's tier lookups and promotions, never before. An
+        asynchronous tier makes room for a copy (evicting) on its worker, whenever that gets to
+        the job: a copy submitted first could evict, or not yet, a block the same call then looks
+        up, depending on thread timing. Submitted after them, the copy sees the call's promotions
+        already submitted (their blocks protected from its evictions, and loaded first), in real
+        mode as in the simulator, whose tiers finish every job at once (docs/replay.md).
+        """
         if self._on_hits:
             due = self._residency.due_after_hits(keys, self.hits_to_copy)
             if due:

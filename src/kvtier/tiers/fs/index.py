@@ -91,12 +91,17 @@ class FsIndex:
                 policy.touch(k)
                 self.access[k] = now
 
-    def forget_locked(self, key: BlockKey) -> None:
-        """Drop ``key`` (evicted, removed by another process, found missing or corrupt)."""
+    def forget_locked(self, key: BlockKey, *, evicted: bool = False) -> None:
+        """Drop ``key`` (evicted, removed by another process, found missing or corrupt).
+
+        ``evicted``: the policy chose ``key`` as a victim, so it has forgotten it already, keeping
+        whatever history it keeps of victims (S3-FIFO's ghost, ARC's B1/B2); ``remove`` would
+        erase that history too, and a victim stored again would be ordered as never seen."""
         if self.sizes.pop(key, None) is not None:
             self.removals.note((key,))
         self.access.pop(key, None)
-        self.policy.remove(key)
+        if not evicted:
+            self.policy.remove(key)
         if not self.scan_done:
             self.tombstones.add(key)
 

@@ -148,13 +148,14 @@ class TreeScanner:
         """Walk every shard; on a rescan, also forget indexed keys whose file is gone."""
         seen: set[BlockKey] = set()
         started = time.time()
+        absorbed = 0
         for shard in self.parts.layout.scan(self.parts.accounting.tree.owners):
             if self._stopping:
                 return
-            self._absorb(shard, seen)
+            absorbed += self._absorb(shard, seen)
             if initial:
                 self.parts.index.top_done[shard.top] = 1
-        self._finish_scan(seen, started, initial)
+        self._finish_scan(seen, started, initial, absorbed)
 
     def _remove_strays_at_top(self) -> None:
         bad: list[tuple[str, str]] = []
@@ -183,12 +184,13 @@ class TreeScanner:
         with self.parts.accounting.section() as st:
             self.parts.accounting.unlink_files(st, files)
 
-    def _absorb(self, shard: ScanShard, seen: set[BlockKey]) -> None:
+    def _absorb(self, shard: ScanShard, seen: set[BlockKey]) -> int:
+        """Index the shard's blocks not indexed yet; how many."""
         self.scan_files += len(shard.entries) + len(shard.bad)
         if shard.bad:
             self._remove_bad(shard.bad)
         if not shard.entries:
-            return
+            return 0
         shard.entries.sort(key=lambda e: e[2])
         with self.parts.accounting.section(), self._lock:  # events first, then our inserts
             sizes, tomb, policy = self.parts.index.sizes, self.parts.index.tombstones, self.parts.index.policy
@@ -203,8 +205,9 @@ class TreeScanner:
             room = policy.capacity - len(policy) - 1
             if room > 0:
                 policy.insert_many(keys[-room:])
+        return len(keys)
 
-    def _finish_scan(self, seen: set[BlockKey], started: float, initial: bool) -> None:
+    def _finish_scan(self, seen: set[BlockKey], started: float, initial: bool, absorbed: int) -> None:
         index = self.parts.index
         with self.parts.accounting.section() as st, self._lock:
             if not initial:
@@ -216,33 +219,56 @@ class TreeScanner:
                 st.published = sum(index.sizes.values())
             snapshot = [(index.access.get(k, 0.0), k) for k in index.sizes]
             capacity = index.policy.capacity
-        # Re-order the policy by access time across shards (the scan inserted shard by shard). The
-        # sort and the rebuild run outside the tier lock so submissions never wait on them; what
-        # changed meanwhile is reconciled under the lock afterwards.
-        snapshot.sort(key=lambda e: e[0])
-        fresh = self._new_policy(capacity)
-        excess = max(0, len(snapshot) - fresh.capacity + 1)
-        oldest = [k for _, k in snapshot[:excess]]
-        fresh.insert_many(k for _, k in snapshot[excess:])
+            # A first scan that indexed nothing (an empty tree) leaves the policy as it is: it has
+            # ordered every indexed block as this process stored or used it, and a rebuild by
+            # access time would erase its history (S3-FIFO's ghost and counts, ARC's lists) at a
+            # moment set by thread timing. Keys beyond its capacity still need the rebuild.
+            keep = initial and not absorbed and len(index.policy) == len(index.sizes)
+        plan = None if keep else self._rebuilt(snapshot, capacity)
         with self.parts.accounting.section() as st, self._lock:
-            if oldest:
-                for k in oldest:
-                    index.forget_locked(k)
-                self.parts.accounting.unlink_files(st, [self.parts.layout.path_of(k) for k in oldest])
-                self.parts.accounting.log_events(st, [(b"-", bytes(k)) for k in oldest])
-                self.parts.stats.evictions += len(oldest)
-            for _, k in snapshot[excess:]:
-                if k not in index.sizes:
-                    fresh.remove(k)
-            for k in index.sizes:
-                if k not in fresh and len(fresh) < fresh.capacity:
-                    fresh.insert(k)
-            index.policy = fresh
+            if plan is not None:
+                self._adopt_locked(st, *plan)
             index.tombstones.clear()
             over = st.usage - self.max_bytes if self.max_bytes is not None else 0
         if over > 0:  # max_bytes was lowered since the last run
             with self.parts.accounting.section() as st:
                 self._make_room(st, over)
+
+    def _rebuilt(
+        self, snapshot: list[tuple[float, BlockKey]], capacity: int
+    ) -> tuple[CachePolicy, list[BlockKey], list[tuple[float, BlockKey]]]:
+        """A policy ordering ``snapshot``'s blocks by access time (the scan inserted shard by shard),
+        the oldest blocks beyond its room, and the snapshot entries it holds. Built outside the
+        tier lock so submissions never wait on it; :meth:`_adopt_locked` reconciles what changed."""
+        snapshot.sort(key=lambda e: e[0])
+        fresh = self._new_policy(capacity)
+        excess = max(0, len(snapshot) - fresh.capacity + 1)
+        fresh.insert_many(k for _, k in snapshot[excess:])
+        return fresh, [k for _, k in snapshot[:excess]], snapshot[excess:]
+
+    def _adopt_locked(
+        self,
+        st: AccountingState,
+        fresh: CachePolicy,
+        oldest: list[BlockKey],
+        kept: list[tuple[float, BlockKey]],
+    ) -> None:
+        """Make ``fresh`` (built from ``kept``) the index's policy, evicting ``oldest`` (tier lock
+        and a section held); blocks indexed or forgotten since the snapshot are reconciled."""
+        index = self.parts.index
+        if oldest:
+            for k in oldest:
+                index.forget_locked(k)
+            self.parts.accounting.unlink_files(st, [self.parts.layout.path_of(k) for k in oldest])
+            self.parts.accounting.log_events(st, [(b"-", bytes(k)) for k in oldest])
+            self.parts.stats.evictions += len(oldest)
+        for _, k in kept:
+            if k not in index.sizes:
+                fresh.remove(k)
+        for k in index.sizes:
+            if k not in fresh and len(fresh) < fresh.capacity:
+                fresh.insert(k)
+        index.policy = fresh
 
     # -- events from other processes (called inside a section) --------------------------------
     def apply_events(self, events: list[tuple[bytes, bytes]]) -> None:

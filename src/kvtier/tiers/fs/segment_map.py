@@ -113,7 +113,7 @@ class SegmentMap:
                 seg.keys.discard(key)
                 seg.live -= loc[2]
         if key in self.parts.index.sizes:
-            self.parts.index.forget_locked(key)
+            self.parts.index.forget_locked(key, evicted=evicted)
             if evicted:
                 self.parts.stats.evictions += 1
 

@@ -256,7 +256,7 @@ class StorePath:
             victims = policy.evict(n, protected) if n > 0 else []
             paths = [self.parts.layout.path_of(v) for v in victims]
             for v in victims:
-                index.forget_locked(v)
+                index.forget_locked(v, evicted=True)
             self.parts.stats.evictions += len(victims)
         removed = acct.unlink_files(st, paths)
         acct.log_events(st, [(b"-", bytes(v)) for v in victims])
