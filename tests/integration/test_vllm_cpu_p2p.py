@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from remote_servers import free_port
 from vllm_cpu import BLOCK_TOKENS, kvtier_defects, prompt, shared_model, shm_leftovers
-from vllm_cpu_server import Server, cached_tokens, counter_total
+from vllm_cpu_server import Server, cached_tokens, counter_total, tiering_extra
 
 pytestmark = pytest.mark.slow
 
@@ -35,22 +35,13 @@ SECRET_ENV = "KVTIER_TEST_VLLM_CPU_P2P_SECRET"
 
 
 def _extra(serve_port: int, peer_port: int) -> dict[str, Any]:
-    return {
-        "spec_name": "KvtierCPUTieringSpec",
-        "spec_module_path": "kvtier.integrations.vllm",
-        "cpu_bytes_to_use": 64 << 20,
-        "secondary_tiers": [
-            {
-                "type": "KvtierTier",
-                "module_path": "kvtier.integrations.vllm",
-                "tier": "p2p",
-                "peers": [f"127.0.0.1:{peer_port}"],
-                "secret_env": SECRET_ENV,
-                "op_timeout": 5.0,
-                "serve": {"host": "127.0.0.1", "port": serve_port, "io_timeout": 10.0},
-            }
-        ],
-    }
+    return tiering_extra(
+        "p2p",
+        peers=[f"127.0.0.1:{peer_port}"],
+        secret_env=SECRET_ENV,
+        op_timeout=5.0,
+        serve={"host": "127.0.0.1", "port": serve_port, "io_timeout": 10.0},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from vllm_cpu import (
     shared_model,
     shm_leftovers,
 )
-from vllm_cpu_server import Server, cached_tokens, counter_total
+from vllm_cpu_server import Server, cached_tokens, counter_total, tiering_extra
 
 pytestmark = pytest.mark.slow
 
@@ -85,22 +85,9 @@ class Subscriber:
 
 
 def _extra(redis_url: str, *, kv_events: bool = False) -> dict[str, Any]:
-    return {
-        "spec_name": "KvtierCPUTieringSpec",
-        "spec_module_path": "kvtier.integrations.vllm",
-        "cpu_bytes_to_use": 64 << 20,
-        "secondary_tiers": [
-            {
-                "type": "KvtierTier",
-                "module_path": "kvtier.integrations.vllm",
-                "tier": "redis",
-                "url": redis_url,
-                "key_prefix": "vllm-cpu-test",
-                "op_timeout": 2.0,
-                "enable_kv_events": kv_events,
-            }
-        ],
-    }
+    return tiering_extra(
+        "redis", url=redis_url, key_prefix="vllm-cpu-test", op_timeout=2.0, enable_kv_events=kv_events
+    )
 
 
 @pytest.fixture(scope="module")

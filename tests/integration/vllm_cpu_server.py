@@ -18,9 +18,21 @@ from typing import Any
 from remote_servers import free_port
 from vllm_cpu import BLOCK_TOKENS, engine_env, kv_config, vllm_cpu_python
 
-__all__ = ["START_TIMEOUT", "Server", "cached_tokens", "counter_total"]
+__all__ = ["START_TIMEOUT", "Server", "cached_tokens", "counter_total", "tiering_extra"]
 
 START_TIMEOUT = 300.0
+
+
+def tiering_extra(tier: str, **options: Any) -> dict[str, Any]:
+    """``kv_connector_extra_config`` of a server running ``KvtierCPUTieringSpec`` with one
+    ``KvtierTier`` entry for kvtier tier ``tier`` and its ``options`` (a 64 MiB CPU primary)."""
+    entry = {"type": "KvtierTier", "module_path": "kvtier.integrations.vllm", "tier": tier, **options}
+    return {
+        "spec_name": "KvtierCPUTieringSpec",
+        "spec_module_path": "kvtier.integrations.vllm",
+        "cpu_bytes_to_use": 64 << 20,
+        "secondary_tiers": [entry],
+    }
 
 
 class Server:
