@@ -24,6 +24,7 @@ behaviour; it never decides that a block is good (the caller compares the header
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ __all__ = ["BatchItem", "BatchReader", "BlockFormat", "open_reader"]
 
 _SOURCE = Path(__file__).with_name("batchread.c")
 _P = ctypes.c_void_p
+#: ``struct item`` and ``struct level`` of batchread.c.
+_ITEM = struct.Struct("<iiiIIIBB6xQ")
+_LEVEL = struct.Struct("<iIQ")
 
 
 class BatchItem(NamedTuple):
@@ -72,11 +76,10 @@ def _function() -> tuple[Callable[..., int], int] | None:
         return None
     fn = lib.kvt_read_blocks
     i64 = ctypes.c_int64
-    # n, leaf_fd, name, chk_n, chk_fd, chk_name, chk_ino, hdr, hlen, dst, plen, direct, touch,
-    # keys, key_off, key_len, tail, n_owners, owners, verify, abandon_epoch, epoch0, xxh3,
-    # status, hcheck, pcheck
-    fn.argtypes = [i64, _P, _P, _P, _P, _P, _P, _P, i64, _P, i64, _P, _P, _P, _P, _P, _P,
-                   ctypes.c_int, _P, ctypes.c_int, _P, i64, _P, _P, _P, _P]  # fmt: skip
+    # n, items, chk, blob, hdr, hlen, plen, tail, n_owners, owners, verify, abandon_epoch, epoch0,
+    # xxh3, out (see batchread.c)
+    fn.argtypes = [i64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P, i64, i64, _P,
+                   ctypes.c_int, _P, ctypes.c_int, _P, i64, _P, _P]  # fmt: skip
     fn.restype = i64
     return fn, xxh3
 
@@ -120,13 +123,18 @@ class BatchReader:
         self._fn, self._xxh3, self._tree = fn, xxh3, tree
         self._base, self._stride = rows.ctypes.data, rows.strides[0]
         self.header_len, self.payload_len = fmt.header_len, fmt.payload_len
-        self._tail = codec.payload_seed_tail(fmt.ns_tag, fmt.payload_len)
-        self._verify = fmt.verify
+        self._tail = ctypes.create_string_buffer(
+            codec.payload_seed_tail(fmt.ns_tag, fmt.payload_len), 16
+        )  # fmt: skip
+        self._verify = int(fmt.verify)
         owner_list = sorted(fmt.owners) if fmt.owners is not None else []
-        self._owners = np.asarray(owner_list, dtype=np.int64)
+        self._owners = (ctypes.c_int64 * max(1, len(owner_list)))(*owner_list)
         self._n_owners = -1 if fmt.owners is None else len(owner_list)
         #: Bumped by :meth:`note_abandon`; a call that sees it move stops before its next read.
         self.abandon_epoch = ctypes.c_int64(0)
+        # Addresses of what every call passes unchanged (taken once: ``addressof`` is not free).
+        self._fixed = (ctypes.addressof(self._tail), self._n_owners, ctypes.addressof(self._owners),
+                       self._verify, ctypes.addressof(self.abandon_epoch))  # fmt: skip
         self._tls = threading.local()
 
     def note_abandon(self) -> None:
@@ -137,16 +145,17 @@ class BatchReader:
         """The abandon count now: read it before checking a job's flag, pass it to :meth:`read`."""
         return int(self.abandon_epoch.value)
 
-    def _headers(self, n: int) -> npt.NDArray[np.uint8]:
-        """This thread's page-aligned header buffer of ``n`` headers (O_DIRECT reads need it)."""
+    def _headers(self, n: int) -> tuple[npt.NDArray[np.uint8], int]:
+        """This thread's page-aligned header buffer of ``n`` headers (O_DIRECT reads need it) and
+        its address."""
         need = n * self.header_len
-        buf: npt.NDArray[np.uint8] | None = getattr(self._tls, "hdr", None)
-        if buf is None or buf.size < need:
+        got: tuple[npt.NDArray[np.uint8], int] | None = getattr(self._tls, "hdr", None)
+        if got is None or got[0].size < need:
             raw = np.empty(need + HEADER_ALIGN, dtype=np.uint8)
             skip = -raw.ctypes.data % HEADER_ALIGN
             buf = raw[skip : skip + need]
-            self._tls.hdr = buf
-        return buf
+            got = self._tls.hdr = (buf, buf.ctypes.data)
+        return got
 
     def read(
         self, items: Sequence[BatchItem], epoch0: int
@@ -160,49 +169,42 @@ class BatchReader:
         ``done[i]``; the digests are meaningful only then (payload digests only with ``verify``).
         """
         n = len(items)
-        located = [self._tree.cached_leaf(it.path) for it in items]
-        leaf_fd = np.full(n, -1, dtype=np.int32)
-        names: list[bytes | None] = [None] * n
-        chk_n = np.zeros(2 * n, dtype=np.int32)
-        chk_fd: list[int] = []
-        chk_name: list[bytes] = []
-        chk_ino: list[int] = []
-        for i, loc in enumerate(located):
-            if loc is None:
-                continue  # not cached: the Python path walks the tree (status stays "redo")
-            leaf_fd[i] = loc[0]
-            names[i] = loc[1].encode()
-            chk_n[2 * i], chk_n[2 * i + 1] = len(loc[2]), len(chk_fd)
+        located = self._tree.cached_leaf
+        pack_item, pack_level = _ITEM.pack, _LEVEL.pack
+        base, stride = self._base, self._stride
+        recs: list[bytes] = []
+        levels: list[bytes] = []
+        blob: list[bytes] = []
+        off = 0
+        todo = 0
+        for it in items:
+            loc = located(it.path)
+            if loc is None:  # not cached: the Python path walks the tree (status stays "redo")
+                recs.append(pack_item(-1, 0, 0, 0, 0, 0, 0, 0, 0))
+                continue
+            todo += 1
+            first = len(levels)
             for parent, part, ino in loc[2]:
-                chk_fd.append(parent)
-                chk_name.append(part.encode())
-                chk_ino.append(ino)
-        todo = [i for i in range(n) if names[i] is not None]
-        status = np.ones(n, dtype=np.uint8)
-        hcheck = np.zeros(n, dtype=np.uint64)
-        pcheck = np.zeros(n, dtype=np.uint64)
-        hdr = self._headers(n)
-        if todo:
-            name_arr = (ctypes.c_char_p * n)(*names)
-            cfd = np.asarray(chk_fd or [0], dtype=np.int32)
-            cname = (ctypes.c_char_p * max(1, len(chk_name)))(*chk_name)
-            cino = np.asarray(chk_ino or [0], dtype=np.uint64)
-            dst = np.asarray([self._base + it.slot * self._stride for it in items], dtype=np.uint64)
-            direct = np.asarray([it.direct for it in items], dtype=np.uint8)
-            touch = np.asarray([it.touch for it in items], dtype=np.uint8)
-            keys = b"".join(it.key for it in items)
-            key_len = np.asarray([len(it.key) for it in items], dtype=np.int32)
-            key_off = np.zeros(n, dtype=np.int64)
-            np.cumsum(key_len[:-1], out=key_off[1:])
-            keys_buf = ctypes.create_string_buffer(keys, max(1, len(keys)))
-            tail = ctypes.create_string_buffer(self._tail, len(self._tail))
-            self._fn(
-                n, leaf_fd.ctypes.data, ctypes.addressof(name_arr), chk_n.ctypes.data, cfd.ctypes.data,
-                ctypes.addressof(cname), cino.ctypes.data, hdr.ctypes.data, self.header_len,
-                dst.ctypes.data, self.payload_len, direct.ctypes.data, touch.ctypes.data,
-                ctypes.addressof(keys_buf), key_off.ctypes.data, key_len.ctypes.data,
-                ctypes.addressof(tail), self._n_owners, self._owners.ctypes.data, int(self._verify),
-                ctypes.addressof(self.abandon_epoch), epoch0, self._xxh3,
-                status.ctypes.data, hcheck.ctypes.data, pcheck.ctypes.data,
-            )  # fmt: skip
-        return [s == 0 for s in status.tolist()], hdr, hcheck.tolist(), pcheck.tolist()
+                name = part.encode() + b"\0"
+                levels.append(pack_level(parent, off, ino))
+                blob.append(name)
+                off += len(name)
+            name = loc[1].encode() + b"\0"
+            blob.append(name)
+            blob.append(it.key)
+            recs.append(pack_item(
+                loc[0], len(loc[2]), first, off, off + len(name), len(it.key), it.direct, it.touch,
+                base + it.slot * stride,
+            ))  # fmt: skip
+            off += len(name) + len(it.key)
+        hdr, hdr_addr = self._headers(n)
+        out = (ctypes.c_uint64 * (3 * n))()
+        if not todo:
+            return [False] * n, hdr, [0] * n, [0] * n
+        tail, n_owners, owners, verify, epoch = self._fixed
+        self._fn(
+            n, b"".join(recs), b"".join(levels), b"".join(blob), hdr_addr, self.header_len,
+            self.payload_len, tail, n_owners, owners, verify, epoch, epoch0, self._xxh3, out,
+        )  # fmt: skip
+        res = out[:]
+        return [s == 0 for s in res[0::3]], hdr, res[1::3], res[2::3]
