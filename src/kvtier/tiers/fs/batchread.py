@@ -39,7 +39,7 @@ from kvtier.native import load_library
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.safe import SafeTree
 
-__all__ = ["BatchItem", "BatchReader", "BlockFormat", "open_reader"]
+__all__ = ["BatchItem", "BatchReader", "BlockFormat", "open_reader", "xxh3_address"]
 
 _SOURCE = Path(__file__).with_name("batchread.c")
 _P = ctypes.c_void_p
@@ -58,7 +58,7 @@ class BatchItem(NamedTuple):
     direct: bool
 
 
-def _xxh3_address() -> int | None:
+def xxh3_address() -> int | None:
     """Address of ``XXH3_64bits_withSeed`` in the loaded ``xxhash`` extension, or ``None``."""
     try:
         import xxhash._xxhash as ext
@@ -71,7 +71,7 @@ def _xxh3_address() -> int | None:
 
 def _function() -> tuple[Callable[..., int], int] | None:
     lib = load_library(_SOURCE, disable_env="KVTIER_FS_BATCHREAD")
-    xxh3 = _xxh3_address()
+    xxh3 = xxh3_address()
     if lib is None or xxh3 is None:
         return None
     fn = lib.kvt_read_blocks
