@@ -277,9 +277,7 @@ class FsTier(AsyncTier):
         self._store = StorePath(
             parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
             block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
-            fsync=self.fsync, full_backoff=self.full_backoff,
-            # The seam only when a subclass overrides it (fault injection); else whole chunks go
-            # through the batched writer where it builds.
+            fsync=self.fsync, full_backoff=self.full_backoff,  # batched writes unless the seam is overridden
             write_file=None if type(self)._write_file is FsTier._write_file else self._write_file,
             on_published=self._published_locked,
         )  # fmt: skip
