@@ -5,7 +5,10 @@ fs tier runs for one block are timed one by one with the tier's own functions, o
 
 * store: ``checksum`` (xxh3-64 of key + namespace + payload), ``header`` (encode), ``write``
   (``open(O_EXCL)`` + ``pwritev`` header + payload + ``close``: :func:`~kvtier.tiers.fs.io.write_block`
-  less the two steps before), ``fsync`` (extra cost of ``fsync: true``: file + directory),
+  less the two steps before; ``python_cpu``: the thread's CPU for all three), ``batched`` (the same
+  three steps for all blocks in one call of the tier's batched C writer,
+  :mod:`kvtier.tiers.fs.batchwrite`; ``batched_cpu``: its CPU), ``fsync`` (extra cost of
+  ``fsync: true``: file + directory),
   ``rename`` (temp file into its shard, through the confined tree), ``section`` (one trip through
   the cross-process accounting lock: flock, read, write back; a store job takes two, group commit
   merges them across jobs);
@@ -16,7 +19,9 @@ fs tier runs for one block are timed one by one with the tier's own functions, o
   one ``--blocks``-block job, and of the loads; ``other`` = tier time less the sum of the steps
   (queueing on the worker pool, bookkeeping, reporting).
 
-Figures are microseconds per block (medians of ``--rounds`` rounds). ``--json`` prints ONE object.
+Figures are microseconds per block (medians of ``--rounds`` rounds). ``--json`` prints ONE object;
+its ``ratios`` map ``store_write_<size>_batched_vs_python`` to the Python path's checksum + header +
+write time ÷ the batched writer's (higher is better).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.fs import FsTier
+from kvtier.tiers.fs.batchwrite import WriteItem
 from kvtier.tiers.fs.io import read_block, write_block
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 
@@ -86,11 +92,25 @@ def steps_for(root: str, bs: int, n: int, tag: str) -> dict[str, float]:
             codec.encode_header(k, bs, c, lay.ns_tag, HEADER_ALIGN)
         out["store_header"] = _us(time.perf_counter() - t, n)
         names = [f"{acct.token}.steps{i}" for i in range(n)]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for nm, k, p in zip(names, keys, pay, strict=True):
             write_block(nm, k, p, lay.ns_tag, direct=direct, fsync=False, dir_fd=acct.tmp_fd)
         whole = _us(time.perf_counter() - t, n)
+        out["store_python_cpu"] = _us(time.thread_time() - c, n)
         out["store_write"] = round(whole - out["store_checksum"] - out["store_header"], 1)
+        writer = tier._store._batch  # the batched C writer (None: no compiler here)
+        if writer is not None:
+            bnames = [f"{acct.token}.stepsb{i}" for i in range(n)]
+            t, c = time.perf_counter(), time.thread_time()
+            items = [
+                WriteItem(nm, i, bytes(k), direct) for i, (nm, k) in enumerate(zip(bnames, keys, strict=True))
+            ]
+            errs = writer.write(items)
+            out["store_batched"] = _us(time.perf_counter() - t, n)
+            out["store_batched_cpu"] = _us(time.thread_time() - c, n)
+            assert not any(errs), errs
+            for nm in bnames:
+                os.unlink(nm, dir_fd=acct.tmp_fd)
         fnames = [f"{acct.token}.stepsf{i}" for i in range(n)]
         t = time.perf_counter()
         for nm, k, p in zip(fnames, keys, pay, strict=True):
@@ -173,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
             results[tag] = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    # The batched C writer (checksum + header + temp file in one call) against the Python path's
+    # same three steps, wall time per block on one thread (higher is better).
+    ratios = {
+        f"store_write_{t}_batched_vs_python": round(
+            (r["store_checksum"] + r["store_header"] + r["store_write"]) / r["store_batched"], 3
+        )
+        for t, r in results.items()
+        if r.get("store_batched")
+    }
     doc: dict[str, Any] = {"benchmark": "bench_fs_steps", "unit": "us per block", "blocks": args.blocks,
-                           "results": results, "ratios": {}}  # fmt: skip
+                           "results": results, "ratios": ratios}  # fmt: skip
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -182,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'us per block':<32}" + "".join(f"{t:>10}" for t in results))
     for k in keys:
         print(f"{k:<32}" + "".join(f"{results[t][k]:>10.1f}" for t in results))
+    for k, v in ratios.items():
+        print(f"{k:<40} {v:6.2f}")
     return 0
 
 
