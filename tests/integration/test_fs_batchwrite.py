@@ -100,7 +100,8 @@ def test_an_existing_name_or_a_planted_link_is_refused(tmp_path: Path) -> None:
 def test_a_full_disk_answers_enospc(tmp_path: Path) -> None:
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True)
+    cmd = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)]
+    r = subprocess.run(cmd, capture_output=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
     try:
@@ -136,7 +137,12 @@ def test_a_tier_stores_through_it_and_an_overridden_seam_turns_it_off(tmp_path: 
             pytest.skip("the batched writer is not available here (no C compiler)")
         calls: list[int] = []
         real = tier._store.write_file
-        tier._store._write = lambda *a: calls.append(1) or real(*a)  # type: ignore[method-assign]
+
+        def seam(tmp: str, key: BlockKey, slot: int) -> None:
+            calls.append(1)
+            real(tmp, key, slot)
+
+        tier._store._write = seam
         assert h.store(tier, primary, keys).success
         assert calls == []  # every block went through the batched call
         tier._load._batch = None  # read back on the Python path: an independent check of the bytes
