@@ -20,10 +20,14 @@
  *   8. the two checksums the header is verified against: out[3i+1] = low 32 bits of
  *      xxh3(header[0:36] || key) and, when verify, out[3i+2] = xxh3(payload, seed) with
  *      seed = xxh3(key || tail).
- * out[3i] (the status) is 0 when every step passed (the caller still compares the header with the key,
- * namespace, lengths and these checksums) and 1 otherwise: the caller then redoes block i on its
- * Python path, which classifies the failure (missing, foreign, corrupt, I/O error) exactly as it
- * always has. Blocks after an abandon are 1 too. Returns the number of blocks attempted.
+ *   9. the header compared with what kvtier.codec.parse_header checks: magic "KVTB", version 1,
+ *      checksum kind 1, key length, header length hlen, the header check (out[3i+1]), the key,
+ *      namespace tag ns_tag, payload length plen, and with verify the payload checksum (out[3i+2]).
+ * out[3i] (the status) is 0 when every step passed (the block is loaded and verified), 2 when the
+ * bytes were read but the header disagrees (the caller parses it in Python, which names the
+ * corruption), and 1 otherwise: the caller then redoes block i on its Python path, which
+ * classifies the failure (missing, foreign, corrupt, I/O error) exactly as it always has. Blocks
+ * after an abandon are 1 too. Returns the number of blocks attempted.
  *
  * xxh3 comes as a function pointer (XXH3_64bits_withSeed of the xxhash module the Python side
  * already imports), so this file needs no header or library of its own.
@@ -71,6 +75,21 @@ static int chain_ok(const struct level *lv, int levels, const unsigned char *blo
     return 1;
 }
 
+static uint64_t get(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int j = n - 1; j >= 0; j--) v = (v << 8) | p[j];
+    return v;
+}
+
+/* Step 9: the checks of kvtier.codec.parse_header (+ the payload digest with verify). */
+static int header_ok(const unsigned char *h, int64_t hlen, int64_t plen, const unsigned char *key, size_t klen,
+                     uint64_t ns_tag, uint64_t hcheck, int verify, uint64_t pcheck) {
+    return memcmp(h, "KVTB", 4) == 0 && h[4] == 1 && h[5] == 1 && get(h + 6, 2) == klen &&
+           get(h + 8, 4) == (uint64_t)hlen && get(h + 12, 8) == (uint64_t)plen && get(h + 20, 8) == ns_tag &&
+           get(h + FIXED_LEN, 4) == hcheck && (int64_t)(FIXED_LEN + 4 + klen) <= hlen &&
+           memcmp(h + FIXED_LEN + 4, key, klen) == 0 && (!verify || get(h + 28, 8) == pcheck);
+}
+
 static int owner_ok(uid_t uid, int n_owners, const int64_t *owners) {
     if (n_owners < 0) return 1;
     for (int j = 0; j < n_owners; j++)
@@ -80,7 +99,7 @@ static int owner_ok(uid_t uid, int n_owners, const int64_t *owners) {
 
 int64_t kvt_read_blocks(
     int64_t n, const struct item *items, const struct level *chk, const unsigned char *blob,
-    unsigned char *hdr, int64_t hlen, int64_t plen, const unsigned char *tail,
+    unsigned char *hdr, int64_t hlen, int64_t plen, const unsigned char *tail, uint64_t ns_tag,
     int n_owners, const int64_t *owners, int verify,
     const volatile int64_t *abandon_epoch, int64_t epoch0, xxh3_fn xxh3, uint64_t *out) {
     /* Scratch for header[0:36] || key and key || tail (keys are at most 65535 bytes). */
@@ -124,7 +143,7 @@ int64_t kvt_read_blocks(
                     uint64_t seed = xxh3(scratch, klen + TAIL_LEN, 0);
                     out[3 * i + 2] = xxh3(dst, (size_t)plen, seed);
                 }
-                out[3 * i] = 0;
+                out[3 * i] = header_ok(h, hlen, plen, key, klen, ns_tag, out[3 * i + 1], verify, out[3 * i + 2]) ? 0 : 2;
             }
         }
         close(fd);

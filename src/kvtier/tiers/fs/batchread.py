@@ -11,10 +11,13 @@ Contract of :meth:`BatchReader.read`: for each ``(path, slot, key, touch, direct
 ``True`` when the block's file was opened through the shard's cached directory chain (re-checked
 with ``fstatat``), found to be a regular file of an expected owner and of exactly header + payload
 bytes, read with one ``preadv`` (header into this reader's buffer, payload straight into the
-slot), and its checksums computed (:meth:`header_check`, :meth:`payload_digest`); and ``False``
-for anything else: the caller redoes that block on its Python path, which classifies the failure
-as it always has (missing, foreign, corrupt, I/O error). So this module adds speed and no
-behaviour; it never decides that a block is good (the caller compares the header).
+slot), and its header passed every check :func:`kvtier.codec.parse_header` makes for this key,
+namespace and lengths (and, with ``verify``, its payload checksum matched): the block is loaded;
+``False`` when it was read but the header or checksum disagrees (the caller parses the header in
+Python, which names the corruption); ``None`` for anything else: the caller redoes that block on
+its Python path, which classifies the failure as it always has (missing, foreign, corrupt, I/O
+error). The C checks are the Python parser's, done where the GIL is not held; a block the C side
+doubts is always judged by the Python side.
 
 :func:`open_reader` gives ``None`` (the caller keeps its Python path) when no C compiler is found,
 ``KVTIER_FS_BATCHREAD=python`` is set, or the ``xxhash`` module exports no
@@ -46,6 +49,9 @@ _P = ctypes.c_void_p
 #: ``struct item`` and ``struct level`` of batchread.c.
 _ITEM = struct.Struct("<iiiIIIBB6xQ")
 _LEVEL = struct.Struct("<iIQ")
+#: A block's status from the C call: loaded and verified (True), read but its header disagrees
+#: (False: the caller names the corruption), not read (None: the caller's Python path reads it).
+_STATUS: dict[int, bool | None] = {0: True, 2: False, 1: None}
 
 
 class BatchItem(NamedTuple):
@@ -76,9 +82,9 @@ def _function() -> tuple[Callable[..., int], int] | None:
         return None
     fn = lib.kvt_read_blocks
     i64 = ctypes.c_int64
-    # n, items, chk, blob, hdr, hlen, plen, tail, n_owners, owners, verify, abandon_epoch, epoch0,
-    # xxh3, out (see batchread.c)
-    fn.argtypes = [i64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P, i64, i64, _P,
+    # n, items, chk, blob, hdr, hlen, plen, tail, ns_tag, n_owners, owners, verify, abandon_epoch,
+    # epoch0, xxh3, out (see batchread.c)
+    fn.argtypes = [i64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P, i64, i64, _P, ctypes.c_uint64,
                    ctypes.c_int, _P, ctypes.c_int, _P, i64, _P, _P]  # fmt: skip
     fn.restype = i64
     return fn, xxh3
@@ -123,6 +129,7 @@ class BatchReader:
         self._fn, self._xxh3, self._tree = fn, xxh3, tree
         self._base, self._stride = rows.ctypes.data, rows.strides[0]
         self.header_len, self.payload_len = fmt.header_len, fmt.payload_len
+        self._ns_tag = fmt.ns_tag
         self._tail = ctypes.create_string_buffer(
             codec.payload_seed_tail(fmt.ns_tag, fmt.payload_len), 16
         )  # fmt: skip
@@ -159,14 +166,15 @@ class BatchReader:
 
     def read(
         self, items: Sequence[BatchItem], epoch0: int
-    ) -> tuple[list[bool], npt.NDArray[np.uint8], list[int], list[int]]:
+    ) -> tuple[list[bool | None], npt.NDArray[np.uint8], list[int], list[int]]:
         """``(done, headers, header checks, payload digests)`` for ``items`` (see the module doc).
 
         ``epoch0``: :meth:`epoch` as the caller saw it before it checked that the job was not
-        abandoned; once the count differs, no further block is read (those answer ``False``).
+        abandoned; once the count differs, no further block is read (those answer ``None``).
 
         ``headers[i * header_len : (i + 1) * header_len]`` holds block ``i``'s header when
-        ``done[i]``; the digests are meaningful only then (payload digests only with ``verify``).
+        ``done[i]`` is not ``None``; the digests are meaningful only then (payload digests only
+        with ``verify``).
         """
         n = len(items)
         located = self._tree.cached_leaf
@@ -200,11 +208,11 @@ class BatchReader:
         hdr, hdr_addr = self._headers(n)
         out = (ctypes.c_uint64 * (3 * n))()
         if not todo:
-            return [False] * n, hdr, [0] * n, [0] * n
+            return [None] * n, hdr, [0] * n, [0] * n
         tail, n_owners, owners, verify, epoch = self._fixed
         self._fn(
             n, b"".join(recs), b"".join(levels), b"".join(blob), hdr_addr, self.header_len,
-            self.payload_len, tail, n_owners, owners, verify, epoch, epoch0, self._xxh3, out,
+            self.payload_len, tail, self._ns_tag, n_owners, owners, verify, epoch, epoch0, self._xxh3, out,
         )  # fmt: skip
         res = out[:]
-        return [s == 0 for s in res[0::3]], hdr, res[1::3], res[2::3]
+        return [_STATUS[s] for s in res[0::3]], hdr, res[1::3], res[2::3]

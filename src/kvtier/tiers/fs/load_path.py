@@ -129,10 +129,13 @@ class LoadPath:
         hlen, n = reader.header_len, self.block_bytes
         out: list[str | _Redo | None] = []
         for i, (item, fine) in enumerate(zip(batch, done, strict=True)):
-            if not fine or codec.header_size(len(item.key), HEADER_ALIGN) != hlen:
+            if fine is None or codec.header_size(len(item.key), HEADER_ALIGN) != hlen:
                 out.append(_REDO)
                 continue
-            try:
+            if fine:  # read, and every header check passed in C (see .batchread)
+                out.append(None)
+                continue
+            try:  # read, but the header disagrees: the parser names the corruption
                 header = codec.parse_header(
                     headers[i * hlen : (i + 1) * hlen].data, expected_key=item.key,
                     ns_tag=self.parts.layout.ns_tag, payload_len=n, header_check=hchecks[i],
