@@ -14,7 +14,8 @@ fs tier runs for one block are timed one by one with the tier's own functions, o
   merges them across jobs);
 * load: ``open`` (confined open of the shard levels and the file + ``fstat`` check), ``read``
   (one ``preadv`` of header + payload, ``O_DIRECT`` when the tier writes with it), ``verify``
-  (checksum of the payload);
+  (checksum of the payload), ``chunk_of_1`` (the tier's load path on a one-block chunk: all of the
+  above, batched in C where it builds; ``_cpu``: the thread's CPU for it);
 * through the tier (``threads: 1``): per-block wall time of ``--blocks`` one-block store jobs, of
   one ``--blocks``-block job, and of the loads; ``other`` = tier time less the sum of the steps
   (queueing on the worker pool, bookkeeping, reporting).
@@ -148,6 +149,13 @@ def steps_for(root: str, bs: int, n: int, tag: str) -> dict[str, float]:
                 keys[i], lay.ns_tag, rows[n + i].data
             )
         out["load_verify"] = _us(time.perf_counter() - t, n)
+        # The tier's load path on one-block chunks (the batched reader where it builds), CPU only:
+        # the per-chunk cost a stream of one-block load jobs pays besides the job hand-off.
+        t, c = time.perf_counter(), time.thread_time()
+        for k, i in zip(keys, range(n), strict=True):
+            assert tier._load.read_chunk([(k, n + i)]).done
+        out["load_chunk_of_1"] = _us(time.perf_counter() - t, n)
+        out["load_chunk_of_1_cpu"] = _us(time.thread_time() - c, n)
         # Through the tier: fresh keys, one-block jobs, then one job of all blocks, then loads.
         for per_job, label in ((1, "jobs_of_1"), (n, f"jobs_of_{n}")):
             ks = [BlockKey(f"{tag}/{label}/{i}".encode()) for i in range(n)]
