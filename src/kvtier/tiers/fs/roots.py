@@ -22,7 +22,7 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
-from kvtier.tiers.base import PolicyFactory, SimulationProfile, TierContext
+from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout
@@ -161,14 +161,7 @@ class RootClass(Protocol):
 
     def __call__(self, **options: Any) -> RootTier: ...
     def check_options(self, context: TierContext, options: Mapping[str, Any]) -> None: ...
-    def simulation(
-        self,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-    ) -> SimulationProfile: ...
+    def simulate(self, request: SimulationRequest) -> SimulationProfile: ...
 
 
 def check_fenced(value: object, n: int) -> set[int]:

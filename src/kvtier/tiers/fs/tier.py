@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
-from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
@@ -49,7 +48,7 @@ from kvtier.numbers import BYTES, SECONDS, Ranges
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
-from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
+from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
@@ -337,15 +336,7 @@ class FsTier(AsyncTier):
 
     # -- simulation -------------------------------------------------------------------------
     @classmethod
-    def simulation(
-        cls,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-        primary: PrimaryProfile | None = None,
-    ) -> SimulationProfile:
+    def simulate(cls, request: SimulationRequest) -> SimulationProfile:
         """The fs tier as the simulator sees it: ``max_bytes`` holds ``max_bytes // file_size``
         block files (header of a 16-byte key aligned to 4 KiB, then the payload); the policy is
         sized and built as :meth:`__init__` builds it. Room is made once per store job: the first
@@ -355,22 +346,18 @@ class FsTier(AsyncTier):
         path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
         records the segments hold, but real eviction is by segment with compaction. With
         ``root_dirs`` the striped model answers (:mod:`kvtier.tiers.fs.striped_sim`)."""
-        striped = as_striped(options)
+        striped = as_striped(request.options)
         if striped is not None:
             from kvtier.tiers.fs.roots import RootClass
             from kvtier.tiers.fs.striped_sim import simulate_striped
 
             return simulate_striped(
-                striped, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
-                root_cls=cast(RootClass, cls), medium=cls.medium,
-            )  # fmt: skip
-        profile = super().simulation(
-            options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
-        )
-        raw = options.get("max_bytes")
-        if raw is None:
+                dataclasses.replace(request, options=striped), cast(RootClass, cls), cls.medium
+            )
+        profile = super().simulate(request)
+        max_bytes, block_bytes, options = request.size("max_bytes"), request.block_bytes, request.options
+        if max_bytes is None:
             return profile
-        max_bytes = parse_size(raw, f"{key_path}.max_bytes" if key_path else "max_bytes")
         per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
         small = options.get("small_block_bytes", SMALL_BLOCK_DEFAULT)
         if block_bytes <= small_block_limit(small):
