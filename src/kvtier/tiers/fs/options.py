@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
-from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import check_seconds
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.fs.layout import Layout
+from kvtier.tiers.fs.parts import FsOptions
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.segment_index import idx_bytes
 from kvtier.tiers.fs.segments import record_size
-from kvtier.tiers.fs.trust import BlockMac, check_private_dir, load_secret
+from kvtier.tiers.fs.trust import check_private_dir, load_secret
 
 __all__ = [
     "SMALL_BLOCK_DEFAULT",
@@ -50,27 +49,6 @@ SEG_MIN_RECORDS = 8
 _VERIFY = ("always", "never")
 _DIRECT = ("auto", "always", "never")
 _READ_IO = ("auto", "direct", "buffered")
-
-
-@dataclass(frozen=True, slots=True)
-class FsOptions:
-    """The fs tier's options, checked (see :func:`read_options`)."""
-
-    layout: Layout
-    max_bytes: int | None
-    policy: CachePolicy
-    verify: bool
-    fsync: bool
-    direct_io: str
-    full_backoff: float
-    record_access: bool
-    refresh_interval: float
-    precreate_dirs: bool
-    shared_root: bool
-    mac: BlockMac | None
-    read_io: str
-    #: Bytes one segment of the small-block path may grow to; ``None``: one file per block.
-    segment_cap: int | None
 
 
 def read_options(context: TierContext, a: Mapping[str, Any]) -> FsOptions:

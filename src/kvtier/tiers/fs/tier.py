@@ -215,7 +215,7 @@ class FsTier(AsyncTier):
         self.layout, self.max_bytes, self.verify, self.fsync = o.layout, o.max_bytes, o.verify, o.fsync
         self.full_backoff, self.record_access = o.full_backoff, o.record_access
         self.refresh_interval, self.shared_root = o.refresh_interval, o.shared_root
-        precreate, direct_io, mac, policy = o.precreate_dirs, o.direct_io, o.mac, o.policy
+        precreate, direct_io, policy = o.precreate_dirs, o.direct_io, o.policy
         read_io, seg_cap = o.read_io, o.segment_cap
         small = seg_cap is not None
         self._policy_name = eviction_policy
@@ -230,7 +230,10 @@ class FsTier(AsyncTier):
         self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
         self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
         self.shard_dirs = ShardDirs(self.accounting.tree)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+        parts = FsParts(
+            self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, o, self.rows,
+            self.store_gate, self.shard_dirs,
+        )  # fmt: skip
         self._build_paths(parts)
         #: The small-block path (``None``: one file per block).
         self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
@@ -274,11 +277,8 @@ class FsTier(AsyncTier):
     def _build_paths(self, parts: FsParts) -> None:
         """The store path, the load path and the tree scanner, over the same parts."""
         self._store = StorePath(
-            parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
-            block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
-            fsync=self.fsync, full_backoff=self.full_backoff, write_file=self._write_file,
-            on_published=self._published_locked,
-        )  # fmt: skip
+            parts, direct_io=self.direct_io, write_file=self._write_file, on_published=self._published_locked
+        )
         self._load = LoadPath(
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
             record_access=self.record_access, direct_io=self.read_direct,
@@ -288,20 +288,14 @@ class FsTier(AsyncTier):
             # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
             self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
         self._scanner = TreeScanner(
-            parts, dirs=self.shard_dirs, max_bytes=self.max_bytes, new_policy=self._new_policy,
-            make_room=self._store.make_room, refresh_interval=self.refresh_interval,
+            parts, new_policy=self._new_policy, make_room=self._store.make_room,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
 
     def _open_segments(self, parts: FsParts, seg_cap: int) -> SegmentStore:
         """The small-block path's segment store (the accounting is closed if it cannot open)."""
         try:
-            return SegmentStore(
-                parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
-                full_backoff=self.full_backoff, max_bytes=self.max_bytes, segment_bytes=seg_cap,
-                fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
-                refresh_interval=self.refresh_interval,
-            )  # fmt: skip
+            return SegmentStore(parts, segment_bytes=seg_cap, owners=self.accounting.tree.owners)
         except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
             self.accounting.close()
             raise ConfigError(
