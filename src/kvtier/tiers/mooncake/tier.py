@@ -197,7 +197,7 @@ class MooncakeTier(RemoteTier):
         error: str | None = None
         # Locals: this loop runs once per block, where attribute lookups add up.
         bb, mv, make, name_of, rewrite = self.block_bytes, self._mv, self.headers, self._name, self._rewrite
-        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
+        in_place, stride = self._in_place, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
             if hlen > HEADER_ROW:
@@ -206,12 +206,11 @@ class MooncakeTier(RemoteTier):
             if in_place and slot:  # the object: the pad that ends at this row, then the slot
                 at = slot * stride
                 head, payload = mv[at - hlen : at], mv[at : at + bb]
-                ptr: int | None = base + at - hlen
             else:
                 head_arr, payload_arr = self._pieces(stage, i, slot, hlen)
                 if stage is not None:
                     np.copyto(payload_arr, self.slot_array(slot))
-                head, payload, ptr = head_arr.data, payload_arr.data, None
+                head, payload = head_arr.data, payload_arr.data
             head[:] = make(key, payload)
             if rewrite and key in rewrite:
                 if self._upsert(client, key, head, payload):
@@ -219,17 +218,9 @@ class MooncakeTier(RemoteTier):
                 continue
             names.append(name_of(key))
             keys.append(key)
-            if ptr is not None:
-                ptrs.append(ptr)
-                sizes.append(hlen + bb)
-            else:
-                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
-        if not names:
-            codes: list[int] = []
-        elif stage is None:
-            codes = client.batch_put_from_multi_buffers(names, ptrs, sizes, self._config)
-        else:
-            codes = client.batch_put_from(names, ptrs, sizes, self._config)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+        put = client.batch_put_from_multi_buffers if stage is None else client.batch_put_from
+        codes: list[int] = put(names, ptrs, sizes, self._config) if names else []
         answer_error = self._fold_put_codes(route, keys, codes, done)  # always: it counts and may raise
         error = error or answer_error
         return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
@@ -263,10 +254,14 @@ class MooncakeTier(RemoteTier):
         return error
 
     def _place(self, one: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
-        """Append the transfer addresses of object ``i`` when it does not move in place: with
-        ``one``, one piece (its staging row), else two pieces (the header arena row, then the
-        slot itself, zero-copy)."""
-        if one:
+        """Append the transfer addresses of object ``i`` (for slot ``slot``, a header of ``hlen``
+        bytes): in place, one piece (the pad that ends at the slot's row, then the slot); else with
+        ``one``, one piece (its staging row); else two pieces (the header arena row, then the slot
+        itself, zero-copy)."""
+        if self._in_place and slot:
+            ptrs.append(self._rows_ptr + slot * self._row_stride - hlen)
+            sizes.append(hlen + self.block_bytes)
+        elif one:
             ptrs.append(self._stage_ptr(self._row_of(i), hlen))
             sizes.append(hlen + self.block_bytes)
         else:
@@ -280,24 +275,16 @@ class MooncakeTier(RemoteTier):
         sizes: list[Any] = []
         want: list[tuple[BlockKey, int, int, int]] = []
         bb, mv, name_of = self.block_bytes, self._mv, self._name
-        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
+        in_place, stride = self._in_place, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
             if hlen > HEADER_ROW:
                 continue  # never stored (too long): a miss
             names.append(name_of(key))
             want.append((key, slot, hlen, i))
-            if in_place and slot:
-                ptrs.append(base + slot * stride - hlen)
-                sizes.append(hlen + bb)
-            else:
-                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
-        if not names:
-            codes: list[int] = []
-        elif stage is None:
-            codes = client.batch_get_into_multi_buffers(names, ptrs, sizes)
-        else:
-            codes = client.batch_get_into(names, ptrs, sizes)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+        get = client.batch_get_into_multi_buffers if stage is None else client.batch_get_into
+        codes: list[int] = get(names, ptrs, sizes) if names else []
         done: list[BlockKey] = []
         failed: list[tuple[BlockKey, int, str, int]] = []
         for (key, slot, hlen, i), name, code in zip(want, names, codes, strict=True):
