@@ -97,6 +97,13 @@ _PROBE_BYTES = 64
 _DEADLINE_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
 
 
+#: The options :meth:`MooncakeTier.config_info` shows, in this order.
+_SHOWN = (
+    "master_server_addr", "metadata_server", "protocol", "key_prefix", "tenant_id", "replica_num",
+    "global_segment_size",
+)  # fmt: skip
+
+
 def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
     """Mooncake answers INTERNAL_ERROR to every put when its transfer engine bound an address the
     holders cannot reach, which is what happens when ``MC_TCP_BIND_ADDRESS`` is unset."""
@@ -120,18 +127,14 @@ class MooncakeTier(RemoteTier):
     def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
         super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
         o = self.options
-        self.master_server_addr, self.metadata_server = str(o.master_server_addr), str(o.metadata_server)
-        self.local_hostname, self.protocol, self.rdma_devices = o.local_hostname, o.protocol, o.rdma_devices
-        self.local_buffer_size, self.global_segment_size = o.local_buffer_size, o.global_segment_size
-        self.replica_num, self.key_prefix, self.tenant_id = o.replica_num, o.key_prefix, o.tenant_id
-        self.staging_max_block, self.store_staging_max_block = o.staging_max_block, o.store_staging
         if importlib.util.find_spec("mooncake") is None:
             raise ConfigError(
                 "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
             )
         if not self.rows.flags.c_contiguous:
             raise MisuseError(f"tier {self.name!r}: the primary buffer must be C-contiguous to register it")
-        self._prefix = f"{self.key_prefix}/{context.namespace}/"
+        self.key_prefix = o.key_prefix
+        self._prefix = f"{o.key_prefix}/{context.namespace}/"
         self._row_stride = int(self.rows.strides[0])
         # One header row per primary slot (a slot is in at most one job of this tier at a time, so
         # its row is never shared between jobs), plus one row for the breaker's probe.
@@ -145,8 +148,8 @@ class MooncakeTier(RemoteTier):
         # then [end of row s-1 | slot s], one zero-copy piece; only slot 0 is staged.
         self._in_place = self._row_stride - -(-self.block_bytes // 4096) * 4096 >= HEADER_ROW
         # One piece per object (in place or staged) rather than two (header row + slot).
-        self._one_piece_get = self._in_place or self.block_bytes <= self.staging_max_block
-        self._one_piece_put = self._in_place or self.block_bytes <= self.store_staging_max_block
+        self._one_piece_get = self._in_place or self.block_bytes <= o.staging_max_block
+        self._one_piece_put = self._in_place or self.block_bytes <= o.store_staging
         self._stages: list[np.ndarray] = []  # per-worker staging rows, registered with the store
         self._stage_local = threading.local()
         # Base addresses, read once (``ndarray.ctypes`` costs microseconds per access).
@@ -335,19 +338,12 @@ class MooncakeTier(RemoteTier):
 
     def config_info(self) -> dict[str, Any]:
         info = super().config_info()
-        info.update(
-            master_server_addr=self.master_server_addr,
-            metadata_server=self.metadata_server,
-            protocol=self.protocol,
-            key_prefix=self._prefix,
-            tenant_id=self.tenant_id,
-            replica_num=self.replica_num,
-            global_segment_size=self.global_segment_size,
-            data_path={
-                "store": self._path_name(self._one_piece_put),
-                "load": self._path_name(self._one_piece_get),
-            },
-        )
+        info.update({name: getattr(self.options, name) for name in _SHOWN})
+        info["key_prefix"] = self._prefix  # as every object name starts (the namespace included)
+        info["data_path"] = {
+            "store": self._path_name(self._one_piece_put),
+            "load": self._path_name(self._one_piece_get),
+        }
         return info
 
     # -- internals ------------------------------------------------------------------------------------------
@@ -361,23 +357,23 @@ class MooncakeTier(RemoteTier):
         # A master that is down costs one attempt (~5 s on a worker) instead of the client's ~90 s
         # of retries; the breaker's trial retries the set-up later.
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-        store = MooncakeDistributedStore()
+        store, o = MooncakeDistributedStore(), self.options
         code = store.setup(
-            self.local_hostname,
-            self.metadata_server,
-            self.global_segment_size,
-            self.local_buffer_size,
-            self.protocol,
-            self.rdma_devices,
-            self.master_server_addr,
+            o.local_hostname,
+            o.metadata_server,
+            o.global_segment_size,
+            o.local_buffer_size,
+            o.protocol,
+            o.rdma_devices,
+            o.master_server_addr,
             None,
             False,
             "",
-            self.tenant_id,
+            o.tenant_id,
         )
         if code != 0:
             raise TierUnavailableError(
-                f"mooncake: setup with master {self.master_server_addr} answered {mc.name_of(code)}"
+                f"mooncake: setup with master {o.master_server_addr} answered {mc.name_of(code)}"
             )
         for what, arr in (("primary buffer", self.rows), ("header arena", self._arena)):
             code = store.register_buffer(int(arr.ctypes.data), int(arr.nbytes))
@@ -385,7 +381,7 @@ class MooncakeTier(RemoteTier):
                 store.close()
                 raise TierUnavailableError(f"mooncake: register_buffer({what}) answered {mc.name_of(code)}")
         config = ReplicateConfig()
-        config.replica_num = self.replica_num
+        config.replica_num = o.replica_num
         self._config = config
         return store
 
