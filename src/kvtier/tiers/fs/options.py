@@ -34,6 +34,7 @@ __all__ = [
     "check_choice",
     "check_max_bytes",
     "check_seconds",
+    "nearest_existing",
     "read_options",
     "root_path",
     "segment_cap",
@@ -114,14 +115,20 @@ def root_path(value: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(raw))
 
 
+def nearest_existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (a root not created yet is measured on the
+    file system that will hold it)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def check_max_bytes(max_bytes: int | None, root: str) -> None:
     """Refuse a ``max_bytes`` larger than the file system holding ``root`` (or its nearest
     existing ancestor)."""
     if max_bytes is None:
         return
-    probe = root
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
+    probe = nearest_existing(root)
     try:
         st = os.statvfs(probe)
     except OSError:

@@ -26,7 +26,7 @@ from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout
-from kvtier.tiers.fs.options import root_path
+from kvtier.tiers.fs.options import nearest_existing, root_path
 
 __all__ = ["RootClass", "RootSpec", "RootTier", "check_fenced", "free_bytes", "read_roots"]
 
@@ -47,11 +47,8 @@ class RootSpec:
 def free_bytes(path: str) -> int:
     """Bytes available to this user on the file system holding ``path`` (or its nearest existing
     ancestor); 1 when it cannot be read (the root still gets a non-zero weight)."""
-    probe = path
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(nearest_existing(path))
     except OSError:
         return 1
     return max(st.f_bavail * st.f_frsize, 1)
