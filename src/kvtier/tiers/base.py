@@ -89,6 +89,13 @@ class TierStats:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def counted(self, answer: LookupResult) -> LookupResult:
+        """``answer``, counted as one lookup (and a hit when it is ``HIT``)."""
+        self.lookups += 1
+        if answer is LookupResult.HIT:
+            self.hits += 1
+        return answer
+
 
 class RemovalLog:
     """Keys a tier stopped holding, kept for a consumer that announces them (vLLM's KV events).

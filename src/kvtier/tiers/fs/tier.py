@@ -367,11 +367,7 @@ class FsTier(AsyncTier):
 
     # -- lookups (engine thread; dict membership only) ---------------------------------------
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
-        self.stats.lookups += 1
-        answer = self.index.answer(key)
-        if answer is LookupResult.HIT:
-            self.stats.hits += 1
-        return answer
+        return self.stats.counted(self.index.answer(key))
 
     def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
         index = self.index
