@@ -88,7 +88,7 @@ from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
 from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.transfer.workers import Priority
 
-__all__ = ["HEADER_ROW", "MooncakeTier"]
+__all__ = ["HEADER_ROW", "MooncakeTier", "require_client"]
 
 Item = tuple[BlockKey, int]
 #: Bytes of one header-arena row: block keys up to ``HEADER_ROW - 40`` bytes fit.
@@ -102,6 +102,15 @@ _SHOWN = (
     "master_server_addr", "metadata_server", "protocol", "key_prefix", "tenant_id", "replica_num",
     "global_segment_size",
 )  # fmt: skip
+
+
+def require_client() -> None:
+    """Refuse (``ConfigError`` on ``type``, naming the extra) when the Mooncake client is not
+    installed: checked before anything is built, and by ``kvtier check``."""
+    if importlib.util.find_spec("mooncake") is None:
+        raise ConfigError(
+            "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
+        )
 
 
 def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
@@ -125,12 +134,9 @@ class MooncakeTier(RemoteTier):
     spreads_jobs: ClassVar[bool] = False
 
     def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        require_client()
         super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
         o = self.options
-        if importlib.util.find_spec("mooncake") is None:
-            raise ConfigError(
-                "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
-            )
         if not self.rows.flags.c_contiguous:
             raise MisuseError(f"tier {self.name!r}: the primary buffer must be C-contiguous to register it")
         self.key_prefix = o.key_prefix
@@ -157,6 +163,12 @@ class MooncakeTier(RemoteTier):
         self._flat = self.rows.reshape(-1)
         self._mv = self._flat.data  # slicing a memoryview costs a fraction of an ndarray's
         self._arena_ptr = int(self._arena.ctypes.data)
+
+    @classmethod
+    def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
+        """The constructor's checks, building nothing: the client is installed, then the options."""
+        require_client()
+        super().check_options(context, options)
 
     def failure_hint(self, err: TierError) -> str | None:
         return mooncake_hint(str(err), os.environ) or super().failure_hint(err)
