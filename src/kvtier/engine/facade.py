@@ -192,6 +192,16 @@ class Engine:
         if self._closed:
             raise MisuseError(_CLOSED)
 
+    def _internal_keys(
+        self, op: str, keys: Sequence[BlockKey], request: RequestContext | None
+    ) -> list[BlockKey]:
+        """``keys`` checked (a :class:`MisuseError` names ``op``), as the engine stores them."""
+        check_keys(op, keys)
+        # Inlined fast path (no tenant, a list): lookups and stores run this once per request.
+        if (request is None or request.tenant is None) and type(keys) is list:
+            return keys
+        return self._scope(keys, request)
+
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LookupReport:
         """Where each key is: HIT (primary, readable now), HIT_PENDING, RETRY or MISS.
@@ -200,13 +210,7 @@ class Engine:
         secondary tier reserves a primary slot and is promoted by one batched job per (tier, call);
         when no slot or no promotion budget is available it is answered MISS.
         """
-        check_keys("lookup", keys)
-        # Inlined fast paths (no tenant, a list; open engine): this runs once per request.
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("lookup", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -275,12 +279,7 @@ class Engine:
         step. No bytes move, so it is meant for ``primary_backing: none`` (with a real buffer the
         stored slots would hold stale bytes).
         """
-        check_keys("access", keys)
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("access", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -304,8 +303,7 @@ class Engine:
     def pin_for(self, keys: Sequence[BlockKey], ttl_s: float, request: RequestContext | None = None) -> int:
         """Keep the READY blocks of ``keys`` in the primary tier ``ttl_s`` seconds (engine clock); how
         many hold such a pin now. Bounds, errors: :class:`~kvtier.engine.timedpins.TimedPins`."""
-        check_keys("pin_for", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("pin_for", keys, request)
         with self._lock:
             self._check_open()
             return self.timed_pins.pin(ikeys, ttl_s)
@@ -323,12 +321,7 @@ class Engine:
         Write the bytes into ``primary_kv_view[slot_ids[i]]``, then call :meth:`complete_store`.
         Keys must be non-empty ``bytes`` of at most ``MAX_KEY_BYTES`` (else ``MisuseError``).
         """
-        check_keys("prepare_store", keys)
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("prepare_store", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -393,8 +386,7 @@ class Engine:
     # -- load --------------------------------------------------------------------------------
     def prepare_load(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LoadHandle:
         """Pin the slots of ``keys`` for reading. Raises :class:`MisuseError` if a key is not HIT."""
-        check_keys("prepare_load", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("prepare_load", keys, request)
         with self._lock:
             self._check_open()
             pr = self.primary
@@ -423,8 +415,7 @@ class Engine:
 
     def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
         """Pin the longest leading run of readable keys (never raises for misses)."""
-        check_keys("load", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("load", keys, request)
         with self._lock:
             self._check_open()
             pr = self.primary
