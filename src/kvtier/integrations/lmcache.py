@@ -110,15 +110,13 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self.config = config
         self._plugins = _plugins(config.plugins)
         self._arena = l1_memory_desc
-        self._efd = {
-            kind: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for kind in ("store", "lookup", "load")
-        }
+        kinds = ("store", "lookup", "load")
+        self._efd = {kind: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for kind in kinds}
+        #: Finished tasks not yet collected, per kind: task id -> result (signalled on ``_efd[kind]``).
+        self._done: dict[str, dict[int, Any]] = {kind: {} for kind in kinds}
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._next_task = 1
-        self._store_done: dict[int, Any] = {}
-        self._lookup_done: dict[int, Any] = {}
-        self._load_done: dict[int, Any] = {}
         self._locks: dict[Any, int] = defaultdict(int)
         self._stored: dict[BlockKey, tuple[Any, int]] = {}  # notified as stored: ObjectKey, size
         self._tiers: dict[tuple[int, bool], BufferTier] = {}  # (object size, in arena) -> tier
@@ -138,9 +136,17 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def get_load_event_fd(self) -> int:
         return self._efd["load"]
 
-    def _signal(self, kind: str) -> None:
+    def _finish(self, kind: str, task: int, result: Any) -> None:
+        """Record ``task``'s result and wake LMCache through the ``kind`` eventfd."""
+        with self._lock:
+            self._done[kind][task] = result
         with contextlib.suppress(OSError):  # closed while a late job reported
             os.eventfd_write(self._efd[kind], 1)
+
+    def _take(self, kind: str, task: int) -> Any:
+        """``task``'s result once it finished (then forgotten), else ``None``."""
+        with self._lock:
+            return self._done[kind].pop(task, None)
 
     # -- keys and rows -------------------------------------------------------------------------
     def _space(self, salt: str) -> KeyNamespace:
@@ -260,20 +266,18 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _finish_store(self, task: int, ok: bool, nbytes: int, keys: list[Any], sizes: list[int]) -> None:
         if keys:
             self._notify_keys_stored(keys, sizes)
-        with self._lock:
-            self._store_done[task] = L2StoreResult(ok, nbytes if ok else 0)
-        self._signal("store")
+        self._finish("store", task, L2StoreResult(ok, nbytes if ok else 0))
 
     def pop_completed_store_tasks(self) -> dict[int, Any]:
         with self._lock:
-            done, self._store_done = self._store_done, {}
+            done, self._done["store"] = self._done["store"], {}
         return done
 
     # -- lookup and lock -----------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any = None) -> int:
         task = self._new_task()
         if self._closed:
-            self._finish_lookup(task, Bitmap(len(keys)))
+            self._finish("lookup", task, Bitmap(len(keys)))
         else:
             self._checks.submit(self._lookup, task, list(keys), dict(group_layout_descs or {}))
         return task
@@ -307,7 +311,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         if found:
             with contextlib.suppress(Exception):  # a listener's failure is not the lookup's
                 self._notify_keys_accessed(found)
-        self._finish_lookup(task, bitmap)
+        self._finish("lookup", task, bitmap)
 
     def _sizes_for(self, key: Any, layouts: dict[int, Any]) -> list[int]:
         """Object sizes ``key`` may be stored under: its group's layout (LMCache passes it with
@@ -324,14 +328,8 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 )
         return sorted(sizes)
 
-    def _finish_lookup(self, task: int, bitmap: Any) -> None:
-        with self._lock:
-            self._lookup_done[task] = bitmap
-        self._signal("lookup")
-
     def query_lookup_and_lock_result(self, task_id: int) -> Any:
-        with self._lock:
-            return self._lookup_done.pop(task_id, None)
+        return self._take("lookup", task_id)
 
     def submit_unlock(self, keys: list[Any]) -> None:
         with self._lock:
@@ -355,10 +353,10 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             groups = self._group(keys, objects)
         except Exception:
             logger.exception("kvtier L2: load task %d not started", task)
-            self._finish_load(task, bitmap)
+            self._finish("load", task, bitmap)
             return task
         if not groups:
-            self._finish_load(task, bitmap)
+            self._finish("load", task, bitmap)
             return task
         left = [len(groups)]
         lock = threading.Lock()
@@ -392,19 +390,13 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                     left[0] -= 1
                     last = left[0] == 0
                 if last:
-                    self._finish_load(task, bitmap)
+                    self._finish("load", task, bitmap)
 
             bt.submit(bkeys, rows, load=True, done=done)
         return task
 
-    def _finish_load(self, task: int, bitmap: Any) -> None:
-        with self._lock:
-            self._load_done[task] = bitmap
-        self._signal("load")
-
     def query_load_result(self, task_id: int) -> Any:
-        with self._lock:
-            return self._load_done.pop(task_id, None)
+        return self._take("load", task_id)
 
     # -- capacity, status, close ------------------------------------------------------------------
     def delete(self, keys: list[Any]) -> None:
