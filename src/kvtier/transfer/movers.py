@@ -24,10 +24,11 @@ primary rows, synchronised before returning. It is untested here (no GPU on the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -322,45 +323,52 @@ def _copy_cpu(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 
 
 # -- CUDA (guarded; no GPU on the development host, so these lines are not exercised here) --------
-def _cuda_gather(
-    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
-) -> int:  # pragma: no cover
+@contextlib.contextmanager
+def _cuda_segments(
+    layout: KVLayout, rows: U8
+) -> Iterator[tuple[Any, list[tuple[Any, int, int, int]]]]:  # pragma: no cover
+    """On a side stream of the KV's device: the primary rows as a tensor and, per KV tensor, its
+    ``(outer, num_blocks, inner)`` byte view with the segment's ``(offset, outer, inner)``. Waits for
+    the stream's copies on a normal exit."""
     import torch
 
-    host = torch.from_numpy(rows)
     dev = layout.tensors[0].device
-    idx = torch.as_tensor(list(block_ids), device=dev, dtype=torch.long)
     stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
     # The side stream must not start before work already queued on the compute stream (the
     # kernels that write this KV, or that still read the blocks we are about to overwrite).
     stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
-        for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
-            u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
+        yield (
+            torch.from_numpy(rows),
+            [
+                (t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner), off, outer, inner)
+                for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True)
+            ],
+        )
+    stream.synchronize()
+
+
+def _cuda_gather(
+    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
+) -> int:  # pragma: no cover
+    import torch
+
+    idx = torch.as_tensor(list(block_ids), device=layout.tensors[0].device, dtype=torch.long)
+    with _cuda_segments(layout, rows) as (host, segments):
+        for u8, off, outer, inner in segments:
             picked = u8.index_select(1, idx)  # (outer, n, inner) on the device
             for i, s in enumerate(_ints(slots)):
                 dst = host[s, off : off + outer * inner].view(outer, inner)
                 dst.copy_(picked[:, i, :], non_blocking=True)
-    stream.synchronize()
     return len(slots) * layout.block_bytes
 
 
 def _cuda_scatter(
     layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 ) -> int:  # pragma: no cover
-    import torch
-
-    host = torch.from_numpy(rows)
-    dev = layout.tensors[0].device
-    stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
-    # The side stream must not start before work already queued on the compute stream (the
-    # kernels that write this KV, or that still read the blocks we are about to overwrite).
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(stream):
-        for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
-            u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
+    with _cuda_segments(layout, rows) as (host, segments):
+        for u8, off, outer, inner in segments:
             for b, s in zip(block_ids, _ints(slots), strict=True):
                 src = host[s, off : off + outer * inner].view(outer, inner)
                 u8[:, b, :].copy_(src, non_blocking=True)
-    stream.synchronize()
     return len(slots) * layout.block_bytes
