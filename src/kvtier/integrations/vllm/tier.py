@@ -147,6 +147,19 @@ def _as_bytes(view: memoryview) -> memoryview:
     return view.cast("B").cast("B", shape)
 
 
+def _warn_inline_secrets(entry: Mapping[str, Any]) -> None:
+    """Warn once per key of ``entry`` that holds a secret inline (vLLM logs its config at start-up)."""
+    for key, instead in inline_secrets(entry):
+        # The key's name only: the value is the secret.
+        _log_once(
+            f"inline-secret:{key}",
+            "kvtier: KvtierTier option %r holds a secret in --kv-transfer-config, which vLLM logs at "
+            "start-up; name an environment variable instead (%s)",
+            key,
+            instead,
+        )
+
+
 class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     """vLLM secondary tier backed by a kvtier tier (see the module doc for config and guarantees).
 
@@ -176,15 +189,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         )
         path = f"{ADAPTER_CLASS}."
         opts, entry = split_adapter_entry(options, path)
-        for key, instead in inline_secrets(entry):
-            # The key's name only: the value is the secret.
-            _log_once(
-                f"inline-secret:{key}",
-                "kvtier: KvtierTier option %r holds a secret in --kv-transfer-config, which vLLM logs at "
-                "start-up; name an environment variable instead (%s)",
-                key,
-                instead,
-            )
+        _warn_inline_secrets(entry)
         cls = TIERS.resolve(entry["type"], entry.get("module_path"), key_path=ADAPTER_CLASS)
         entry = self._known_options(cls, entry, opts.tier)
         config = getattr(offloading_spec, "config", None)
@@ -207,14 +212,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             # kvtier's factory numbers its one entry 0; vLLM's user knows it as the KvtierTier entry.
             path = exc.key_path.replace("secondary_tiers[0]", ADAPTER_CLASS, 1)
             raise ConfigError(path, exc.detail) from exc
-        medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
-        if getattr(self._tier, "p2p_serves", False):
-            source = CacheHitSource.P2P  # blocks from a peer's memory: vLLM's own p2p hit source
-        # Per instance: one adapter class fronts tiers of every medium.
-        self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
-        self.cache_hit_source = source  # type: ignore[misc]
-        locality = opts.locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
-        self.locality = None if locality is None else Locality(locality)
+        self._describe_medium(opts.locality)
         self._kvtier_type = opts.tier
         #: vLLM KV events of this tier (stored / removed), ``None`` when not published (see take_events).
         self._events: TierEvents | None = None
@@ -240,6 +238,18 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             f"{type(self._tier).__module__}:{type(self._tier).__qualname__}",
             context.namespace[:12],
         )
+
+    def _describe_medium(self, locality: str | None) -> None:
+        """vLLM's medium, hit source and locality of this instance, from its kvtier tier's medium
+        (``locality``: the configured one, else REMOTE for a remote tier)."""
+        medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
+        if getattr(self._tier, "p2p_serves", False):
+            source = CacheHitSource.P2P  # blocks from a peer's memory: vLLM's own p2p hit source
+        # Per instance: one adapter class fronts tiers of every medium.
+        self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
+        self.cache_hit_source = source  # type: ignore[misc]
+        locality = locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
+        self.locality = None if locality is None else Locality(locality)
 
     def _start_serving(self, primary_kv_view: memoryview) -> None:
         """Start the p2p block server when the tier asks for one (see :mod:`.serve`)."""
