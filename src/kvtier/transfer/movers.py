@@ -150,27 +150,17 @@ def copy_rows_in(
     sl = _ints(slots)
     idx = list(src_index)
     if isinstance(src, np.ndarray):
-        arr = src
-        runs = _runs(sl, idx)
+        return _copy_runs(rows, src, _runs(sl, idx), n, block_bytes, into_rows=True)
+    items = src
+    for i in idx:
+        if memoryview(items[i]).nbytes != block_bytes:
+            raise MisuseError(
+                f"store data: block {i} has {memoryview(items[i]).nbytes} bytes, not {block_bytes}"
+            )
 
-        def run_body(lo: int, hi: int) -> None:
-            for j in range(lo, hi):
-                d, s, k = runs[j]
-                np.copyto(rows[d : d + k, :block_bytes], arr[s : s + k, :block_bytes])
-
-        _run_split(len(runs), n * block_bytes, run_body)
-        return n * block_bytes
-    else:
-        items = src
-        for i in idx:
-            if memoryview(items[i]).nbytes != block_bytes:
-                raise MisuseError(
-                    f"store data: block {i} has {memoryview(items[i]).nbytes} bytes, not {block_bytes}"
-                )
-
-        def body(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                rows[sl[i], :block_bytes] = np.frombuffer(items[idx[i]], dtype=np.uint8)
+    def body(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            rows[sl[i], :block_bytes] = np.frombuffer(items[idx[i]], dtype=np.uint8)
 
     _run_split(n, n * block_bytes, body)
     return n * block_bytes
@@ -181,12 +171,22 @@ def copy_rows_out(rows: U8, slots: Slots, out: U8, dst_index: Sequence[int], blo
     n = len(slots)
     if n == 0:
         return 0
-    runs = _runs(_ints(slots), list(dst_index))
+    return _copy_runs(rows, out, _runs(_ints(slots), list(dst_index)), n, block_bytes, into_rows=False)
+
+
+def _copy_runs(
+    rows: U8, other: U8, runs: list[tuple[int, int, int]], n: int, block_bytes: int, *, into_rows: bool
+) -> int:
+    """Copy each run ``(row, block, count)`` of :func:`_runs` between ``rows[row:row + count]`` and
+    ``other[block:block + count]`` (into the rows, or out of them); the ``n`` blocks' bytes."""
 
     def body(lo: int, hi: int) -> None:
         for j in range(lo, hi):
-            s, d, k = runs[j]
-            np.copyto(out[d : d + k, :block_bytes], rows[s : s + k, :block_bytes])
+            r, o, k = runs[j]
+            if into_rows:
+                np.copyto(rows[r : r + k, :block_bytes], other[o : o + k, :block_bytes])
+            else:
+                np.copyto(other[o : o + k, :block_bytes], rows[r : r + k, :block_bytes])
 
     _run_split(len(runs), n * block_bytes, body)
     return n * block_bytes
