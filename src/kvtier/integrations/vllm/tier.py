@@ -84,13 +84,14 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
+from kvtier.config.vllm import ADAPTER_CLASS, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
 from kvtier.integrations.vllm.hints import TIER_PIN_NOTICE, has_pin
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
+from kvtier.integrations.vllm.logonce import warn_inline_secrets
 from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
@@ -147,19 +148,6 @@ def _as_bytes(view: memoryview) -> memoryview:
     return view.cast("B").cast("B", shape)
 
 
-def _warn_inline_secrets(entry: Mapping[str, Any]) -> None:
-    """Warn once per key of ``entry`` that holds a secret inline (vLLM logs its config at start-up)."""
-    for key, instead in inline_secrets(entry):
-        # The key's name only: the value is the secret.
-        _log_once(
-            f"inline-secret:{key}",
-            "kvtier: KvtierTier option %r holds a secret in --kv-transfer-config, which vLLM logs at "
-            "start-up; name an environment variable instead (%s)",
-            key,
-            instead,
-        )
-
-
 class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
     """vLLM secondary tier backed by a kvtier tier (see the module doc for config and guarantees).
 
@@ -189,7 +177,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         )
         path = f"{ADAPTER_CLASS}."
         opts, entry = split_adapter_entry(options, path)
-        _warn_inline_secrets(entry)
+        warn_inline_secrets(entry)
         cls = TIERS.resolve(entry["type"], entry.get("module_path"), key_path=ADAPTER_CLASS)
         entry = self._known_options(cls, entry, opts.tier)
         config = getattr(offloading_spec, "config", None)
