@@ -100,6 +100,7 @@ def _mover_call(method: Callable[Concatenate[KVMover, P], R]) -> Callable[Concat
         return method(engine._mover, *args, **kwargs)
 
     functools.update_wrapper(call, method)
+    call.__qualname__ = f"Engine.{method.__name__}"
     return call
 
 
