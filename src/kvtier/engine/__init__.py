@@ -6,6 +6,7 @@ components, the components never import the facade:
 * :mod:`~kvtier.engine.types`: the values the API takes and returns (requests, reports, handles,
   events);
 * :mod:`~kvtier.engine.build`: construction (policy and slot count, tiers, cost model, metrics);
+* :mod:`~kvtier.engine.parts`: what the components share (primary tier, tiers, counters, lock...);
 * :mod:`~kvtier.engine.tenants`: tenant-scoped internal keys;
 * :mod:`~kvtier.engine.events`: the event queue and its subscribers;
 * :mod:`~kvtier.engine.residency`: which primary blocks the secondary tiers hold;

@@ -14,19 +14,19 @@ primary tier, and decides for each batch a tier holds whether to load it:
 
 A promoted key gets a WRITING slot (reserved through the write policies, which decide what happens
 to the victims) and one load job per (tier, lookup call) is submitted to the job book. Given the
-tiers, the job book, a ``reserve`` callable, the engine's counters and the primary tier (to pin this
-call's own hits while promotions evict); runs under the engine's lock.
+engine's :class:`~kvtier.engine.parts.Parts` (the tiers, the counters, the primary tier: this call's
+own hits are pinned while promotions evict), the job book and a ``reserve`` callable; runs under the
+engine's lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvtier.engine.jobs import JobBook
+from kvtier.engine.parts import Parts
 from kvtier.keys import BlockKey, LookupCode, LookupResult
-from kvtier.primary import PrimaryTier
-from kvtier.tiers.base import SecondaryTier
 
 if TYPE_CHECKING:
     from kvtier.costmodel import CostModel
@@ -50,22 +50,18 @@ class Admission:
 
     def __init__(
         self,
-        primary: PrimaryTier,
-        tiers: Sequence[SecondaryTier],
+        parts: Parts,
         jobs: JobBook,
         reserve: Reserve,
-        counters: dict[str, int],
         promotion_share: float,
         cost: CostModel | None = None,
     ) -> None:
-        self._primary = primary
-        self._tiers = tiers
+        self._parts = parts
         self._jobs = jobs
         self._reserve = reserve
-        self._counters = counters
         self.cost = cost
         self.max_promotions = max(1, int(promotion_share * jobs.max_inflight))
-        self.skipped_cost: list[int] = [0] * len(tiers)
+        self.skipped_cost: list[int] = [0] * len(parts.tiers)
 
     def lookup_tiers(
         self, keys: list[BlockKey], slots: list[int], codes: bytearray, request: Any
@@ -78,10 +74,10 @@ class Admission:
         remaining = [i for i, s in enumerate(slots) if s < 0]
         # Primary hits of this very call must survive the evictions promotions may cause.
         held = [s for i, s in enumerate(slots) if codes[i] == _HIT]
-        self._primary.pin(held)
+        self._parts.primary.pin(held)
         promoted_n = 0
         try:
-            for t, tier in enumerate(self._tiers):
+            for t, tier in enumerate(self._parts.tiers):
                 if not remaining:
                     break
                 asked = [keys[i] for i in remaining]
@@ -103,7 +99,7 @@ class Admission:
                         rest.append(i)
                 if found and self.cost is not None and not self.cost.should_load(tier.name, len(found)):
                     # Loading this batch from this tier is modelled slower than recomputing it.
-                    self._counters["promotions_skipped_cost"] += len(found)
+                    self._parts.counters["promotions_skipped_cost"] += len(found)
                     self.skipped_cost[t] += len(found)
                     rest += found
                     found = []
@@ -117,7 +113,7 @@ class Admission:
                             rest.append(i)
                 remaining = rest
         finally:
-            self._primary.unpin(held)
+            self._parts.primary.unpin(held)
         return sum(1 for i in remaining if codes[i] == _RETRY), promoted_n
 
     def promote(self, t: int, keys: list[BlockKey], request: Any) -> list[bool]:
@@ -125,11 +121,11 @@ class Admission:
         jobs = self._jobs
         over = jobs.promotions_inflight >= self.max_promotions or jobs.inflight >= jobs.max_inflight
         if over and not jobs.joins_staged(t, request):  # joining a staged job adds no job
-            self._counters["promotions_rejected"] += len(keys)
+            self._parts.counters["promotions_rejected"] += len(keys)
             return [False] * len(keys)
         positions, slots, _ = self._reserve(keys)
         ok = [False] * len(keys)
-        self._counters["promotions_failed"] += len(keys) - len(positions)
+        self._parts.counters["promotions_failed"] += len(keys) - len(positions)
         if not positions:
             return ok
         if jobs.submit_load(t, [keys[p] for p in positions], slots, request):

@@ -20,7 +20,9 @@ components that never hold it (each module's docstring says what it owns)::
             ├─ Serving                residency checks and pins for peers        (engine.serving)
             └─ KVMover                byte copies, the transfer pool             (engine.movers)
 
-and are built once by :mod:`kvtier.engine.build` (policy, tiers, cost model, metrics).
+and are built once by :mod:`kvtier.engine.build` (policy, tiers, cost model, metrics). The job book,
+the write policies, admission, the mover and the stats snapshot share one
+:class:`~kvtier.engine.parts.Parts` (primary tier, tiers, counters, lock, clock, ``emit``...).
 
 Guarantees (tested by ``tests/unit/test_engine_*``):
     * a WRITING slot is never readable; a pinned slot is never evicted; the primary tier never holds
@@ -35,11 +37,12 @@ Guarantees (tested by ``tests/unit/test_engine_*``):
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from kvtier.config import KvtierConfig, load_config
 from kvtier.engine.admission import Admission
@@ -57,6 +60,7 @@ from kvtier.engine.handles import HandleBook
 from kvtier.engine.jobs import JobBook
 from kvtier.engine.latency import Latency
 from kvtier.engine.movers import KVMover
+from kvtier.engine.parts import Parts
 from kvtier.engine.preflight import preflight
 from kvtier.engine.residency import Residency
 from kvtier.engine.serving import Serving
@@ -70,7 +74,6 @@ from kvtier.keys import BlockInfo, BlockKey, LookupCode, check_keys
 from kvtier.policies.base import CachePolicy
 from kvtier.primary import PrimaryTier, SlotState
 from kvtier.tiers.base import SecondaryTier
-from kvtier.transfer.movers import KVLayout
 from kvtier.transfer.pool import JobIds
 
 if TYPE_CHECKING:
@@ -84,6 +87,21 @@ _MISS, _HIT, _PENDING = int(LookupCode.MISS), int(LookupCode.HIT), int(LookupCod
 _READY, _FLUSHING = int(SlotState.READY), int(SlotState.FLUSHING)
 _LEADING_HIT = bytes([_HIT])
 _CLOSED = "engine is closed; create a new Engine"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _mover_call(method: Callable[Concatenate[KVMover, P], R]) -> Callable[Concatenate[Engine, P], R]:
+    """``Engine.<name>``: the engine's :class:`KVMover` method of that name (signature and docstring
+    included), so each byte-moving call is declared once, in :mod:`kvtier.engine.movers`."""
+
+    def call(engine: Engine, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(engine._mover, *args, **kwargs)
+
+    functools.update_wrapper(call, method)
+    call.__qualname__ = f"Engine.{method.__name__}"
+    return call
 
 
 class Engine:
@@ -146,32 +164,24 @@ class Engine:
         self._closed = False
         self._handles = HandleBook()
         self.counters: dict[str, int] = new_counters()
-        ids = JobIds()
         self._events = EventLog(clock, self._lock)
         self._emit = self._events.emit
         self._scope = TenantScope(cfg.model, cfg.cache_salt).scope
-        residency = Residency(self.primary)
         self.latency = Latency([t.name for t in self.tiers])
-        self.jobs = JobBook(
-            self.primary, self.tiers, ids, clock, self._emit, self.counters, residency, cfg.max_inflight_jobs,
-            self.latency,
+        self._parts = parts = Parts(
+            self.primary, self.tiers, self.counters, self._lock, clock, self._emit, Residency(self.primary),
+            self.latency, JobIds(), cfg.max_inflight_jobs,
         )  # fmt: skip
+        self.jobs = JobBook(parts)
         self.writes = TierWrites(
-            self.primary,
-            write_policies(cfg.write_policy, len(self.tiers), cfg.write_after_hits),
-            residency,
-            self.jobs,
-            self.counters,
-            self._emit,
+            parts, write_policies(cfg.write_policy, len(self.tiers), cfg.write_after_hits), self.jobs
         )
         self._reserve = self.timed_pins.expiring(self.writes.reserve)
-        self.admission = Admission(
-            self.primary, self.tiers, self.jobs, self._reserve, self.counters, cfg.promotion_share, cost
-        )
+        self.admission = Admission(parts, self.jobs, self._reserve, cfg.promotion_share, cost)
         self._mover = KVMover(
-            self.primary, self.counters, self._lock, ids, cfg.max_inflight_jobs, check_open=self._check_open,
-            scope=self._scope, prepare_store=self.prepare_store, complete_store=self.complete_store,
-            pin_leading=self._pin_leading, complete_load=self.complete_load, latency=self.latency,
+            parts, check_open=self._check_open, scope=self._scope, prepare_store=self.prepare_store,
+            complete_store=self.complete_store, pin_leading=self._pin_leading,
+            complete_load=self.complete_load,
         )  # fmt: skip
         #: The Prometheus exporter started for ``metrics_port`` (``None`` when not configured/failed).
         self.metrics_exporter: MetricsExporter | None = start_metrics(self, cfg)
@@ -183,6 +193,16 @@ class Engine:
         if self._closed:
             raise MisuseError(_CLOSED)
 
+    def _internal_keys(
+        self, op: str, keys: Sequence[BlockKey], request: RequestContext | None
+    ) -> list[BlockKey]:
+        """``keys`` checked (a :class:`MisuseError` names ``op``), as the engine stores them."""
+        check_keys(op, keys)
+        # Inlined fast path (no tenant, a list): lookups and stores run this once per request.
+        if (request is None or request.tenant is None) and type(keys) is list:
+            return keys
+        return self._scope(keys, request)
+
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LookupReport:
         """Where each key is: HIT (primary, readable now), HIT_PENDING, RETRY or MISS.
@@ -191,13 +211,7 @@ class Engine:
         secondary tier reserves a primary slot and is promoted by one batched job per (tier, call);
         when no slot or no promotion budget is available it is answered MISS.
         """
-        check_keys("lookup", keys)
-        # Inlined fast paths (no tenant, a list; open engine): this runs once per request.
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("lookup", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -266,12 +280,7 @@ class Engine:
         step. No bytes move, so it is meant for ``primary_backing: none`` (with a real buffer the
         stored slots would hold stale bytes).
         """
-        check_keys("access", keys)
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("access", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -295,8 +304,7 @@ class Engine:
     def pin_for(self, keys: Sequence[BlockKey], ttl_s: float, request: RequestContext | None = None) -> int:
         """Keep the READY blocks of ``keys`` in the primary tier ``ttl_s`` seconds (engine clock); how
         many hold such a pin now. Bounds, errors: :class:`~kvtier.engine.timedpins.TimedPins`."""
-        check_keys("pin_for", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("pin_for", keys, request)
         with self._lock:
             self._check_open()
             return self.timed_pins.pin(ikeys, ttl_s)
@@ -314,12 +322,7 @@ class Engine:
         Write the bytes into ``primary_kv_view[slot_ids[i]]``, then call :meth:`complete_store`.
         Keys must be non-empty ``bytes`` of at most ``MAX_KEY_BYTES`` (else ``MisuseError``).
         """
-        check_keys("prepare_store", keys)
-        ikeys = (
-            keys
-            if (request is None or request.tenant is None) and type(keys) is list
-            else self._scope(keys, request)
-        )
+        ikeys = self._internal_keys("prepare_store", keys, request)
         with self._lock:
             if self._closed:
                 raise MisuseError(_CLOSED)
@@ -384,8 +387,7 @@ class Engine:
     # -- load --------------------------------------------------------------------------------
     def prepare_load(self, keys: Sequence[BlockKey], request: RequestContext | None = None) -> LoadHandle:
         """Pin the slots of ``keys`` for reading. Raises :class:`MisuseError` if a key is not HIT."""
-        check_keys("prepare_load", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("prepare_load", keys, request)
         with self._lock:
             self._check_open()
             pr = self.primary
@@ -414,8 +416,7 @@ class Engine:
 
     def _pin_leading(self, keys: Sequence[BlockKey], request: RequestContext | None) -> LoadHandle:
         """Pin the longest leading run of readable keys (never raises for misses)."""
-        check_keys("load", keys)
-        ikeys = self._scope(keys, request)
+        ikeys = self._internal_keys("load", keys, request)
         with self._lock:
             self._check_open()
             pr = self.primary
@@ -427,67 +428,14 @@ class Engine:
             pr.pin(slots)
             return self._handles.issue(LoadHandle(list(keys[:m]), slots, request))
 
-    # -- byte movers (the KVMover component; same names and signatures as ever) ---------------
-    def store_blocks(
-        self,
-        keys: Sequence[BlockKey],
-        data: Any,
-        request: RequestContext | None = None,
-        infos: Sequence[BlockInfo | None] | None = None,
-    ) -> int:
-        """Store ``data[i]`` (``(n, block_bytes)`` uint8 rows or per-block buffers) under ``keys[i]``;
-        returns the number of blocks written (resident keys are skipped)."""
-        return self._mover.store_blocks(keys, data, request, infos)
-
-    def load_blocks(self, keys: Sequence[BlockKey], out: Any, request: RequestContext | None = None) -> int:
-        """Copy the leading readable blocks of ``keys`` into ``out[i]``; returns how many were copied."""
-        return self._mover.load_blocks(keys, out, request)
-
-    def store_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int:
-        """Gather blocks ``block_ids[i]`` of an engine's KV cache into the primary tier as ``keys[i]``."""
-        return self._mover.store_kv(keys, layout, block_ids, request)
-
-    def load_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int:
-        """Scatter the leading readable blocks of ``keys`` into blocks ``block_ids[i]``; returns count."""
-        return self._mover.load_kv(keys, layout, block_ids, request)
-
-    def submit_store_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int | None:
-        """:meth:`store_kv` on a worker thread. Returns a job id (see :meth:`poll_transfers`), or
-        ``None`` when ``max_inflight_jobs`` transfers are already pending (try again later)."""
-        return self._mover.submit_store_kv(keys, layout, block_ids, request)
-
-    def submit_load_kv(
-        self,
-        keys: Sequence[BlockKey],
-        layout: KVLayout,
-        block_ids: Sequence[int],
-        request: RequestContext | None = None,
-    ) -> int | None:
-        """:meth:`load_kv` on a worker thread, ahead of queued stores. The job's ``successful_keys``
-        lists the keys loaded (partial success when only a leading run was readable)."""
-        return self._mover.submit_load_kv(keys, layout, block_ids, request)
-
-    def poll_transfers(self) -> list[Any]:
-        """Results (:class:`~kvtier.jobs.JobResult`) of ``submit_*_kv`` jobs finished since last call."""
-        return self._mover.poll_transfers()
+    # -- byte movers (the KVMover component's methods, same names, signatures and docs) -----
+    store_blocks = _mover_call(KVMover.store_blocks)
+    load_blocks = _mover_call(KVMover.load_blocks)
+    store_kv = _mover_call(KVMover.store_kv)
+    load_kv = _mover_call(KVMover.load_kv)
+    submit_store_kv = _mover_call(KVMover.submit_store_kv)
+    submit_load_kv = _mover_call(KVMover.submit_load_kv)
+    poll_transfers = _mover_call(KVMover.poll_transfers)
 
     # -- jobs, lifecycle ---------------------------------------------------------------------
     @property
@@ -594,7 +542,4 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Counters: the engine's, ``primary``, ``tiers`` by name, ``latency`` (:mod:`.snapshot`)."""
         with self._lock:
-            return engine_stats(
-                self.counters, self.primary, self.timed_pins, self._mover, self.admission, self.jobs,
-                self.tiers, self.latency,
-            )  # fmt: skip
+            return engine_stats(self._parts, self.timed_pins, self._mover, self.admission, self.jobs)

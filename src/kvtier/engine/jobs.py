@@ -10,7 +10,8 @@ a finished promotion makes its slots READY (or frees them), a finished store unp
 It does not decide *what* to copy (the write policies in :mod:`kvtier.engine.writes` do) nor *whether*
 to promote (:mod:`kvtier.engine.admission` does); it is given only what it needs: the primary tier,
 the tiers, the job-id source, the clock, an ``emit(kind, keys, tier)`` callback, the engine's counter
-dict and the :class:`~kvtier.engine.residency.Residency` it reports copies to. Every method runs
+dict and the :class:`~kvtier.engine.residency.Residency` it reports copies to (all in the engine's
+:class:`~kvtier.engine.parts.Parts`). Every method runs
 under the engine's lock (the ``*_locked`` names say so where it matters).
 
 Back-pressure: at most ``max_inflight`` tier jobs are in flight; a store over budget waits in a
@@ -24,27 +25,20 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kvtier.engine.latency import Latency
-from kvtier.engine.residency import Residency
+from kvtier.engine.parts import Emit, Parts
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
-from kvtier.primary import PrimaryTier
-from kvtier.tiers.base import SecondaryTier
 
 __all__ = ["Emit", "JobBook", "TierIo"]
 
 log = logging.getLogger("kvtier.engine")
 
 _LOG_EVERY = 60.0
-
-#: ``emit(kind, keys, tier)``: record an :class:`~kvtier.engine.types.EngineEvent`.
-Emit = Callable[[str, Sequence[BlockKey], "str | None"], None]
 
 
 @dataclass(slots=True)
@@ -83,39 +77,18 @@ class JobBook:
     """In-flight and waiting tier jobs of one engine.
 
     Args:
-        primary: the slots the jobs read and write.
-        tiers: the secondary tiers, by index (``t`` below).
-        ids: returns a fresh job id per call (shared with the transfer pool, so ids never collide).
-        clock: stamps each :class:`~kvtier.jobs.TransferJob`.
-        emit: records ``stored``/``promoted``/``*_failed``/``evicted`` events.
-        counters: the engine's counters (``tier_errors``, ``promotions``, ``promotions_failed``).
-        residency: told when a promotion lands and when a store's copy is lost.
-        max_inflight: the job budget (``max_inflight_jobs``).
-        latency: where each job's duration (submission to result) is observed.
+        parts: the engine's shared parts; the book uses the primary tier (the slots the jobs read
+            and write), the tiers (by index, ``t`` below), the job ids, the clock (stamped on each
+            :class:`~kvtier.jobs.TransferJob`), ``emit`` (``stored``/``promoted``/``*_failed``/
+            ``evicted``), the counters (``tier_errors``, ``promotions``, ``promotions_failed``), the
+            residency (told when a promotion lands and when a store's copy is lost), the job budget
+            and the latency histograms (each job's duration, submission to result).
     """
 
-    def __init__(
-        self,
-        primary: PrimaryTier,
-        tiers: Sequence[SecondaryTier],
-        ids: Callable[[], int],
-        clock: Callable[[], float],
-        emit: Emit,
-        counters: dict[str, int],
-        residency: Residency,
-        max_inflight: int,
-        latency: Latency,
-    ) -> None:
-        self._primary = primary
-        self._tiers = tiers
-        self._ids = ids
-        self._clock = clock
-        self._emit = emit
-        self._counters = counters
-        self._residency = residency
-        self.max_inflight = max_inflight
-        self._latency = latency
-        self.max_deferred = 4 * max_inflight
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
+        self.max_inflight = parts.max_inflight
+        self.max_deferred = 4 * parts.max_inflight
         self.jobs: dict[int, _Job] = {}
         self.deferred: deque[tuple[int, list[BlockKey], list[int], Any]] = deque()
         self.promotions_inflight = 0
@@ -127,7 +100,7 @@ class JobBook:
         self.job_counts: dict[str, int] = dict.fromkeys(
             ("jobs_submitted", "jobs_finished", "jobs_failed", "unknown_results", "tier_stores_dropped"), 0
         )
-        self.tier_io_totals: list[TierIo] = [TierIo() for _ in tiers]
+        self.tier_io_totals: list[TierIo] = [TierIo() for _ in parts.tiers]
         self._logged: dict[tuple[int, str], float] = {}
 
     @property
@@ -151,7 +124,7 @@ class JobBook:
     def tier_stats(self, t: int) -> dict[str, Any]:
         """Tier ``t``'s ``get_stats()`` (empty when it raises: counted as an error) plus :meth:`tier_io`."""
         try:
-            out: dict[str, Any] = dict(self._tiers[t].get_stats())
+            out: dict[str, Any] = dict(self._parts.tiers[t].get_stats())
         except Exception as exc:
             self.tier_error(t, "get_stats", exc)
             out = {}
@@ -160,13 +133,13 @@ class JobBook:
 
     def tier_error(self, t: int, what: str, exc: BaseException) -> None:
         """Count a tier failure; log it at most once a minute per (tier, operation)."""
-        self._counters["tier_errors"] += 1
+        self._parts.counters["tier_errors"] += 1
         if t < len(self.tier_io_totals):
             self.tier_io_totals[t].errors += 1
         now = time.monotonic()
         if now - self._logged.get((t, what), -_LOG_EVERY) >= _LOG_EVERY:
             self._logged[(t, what)] = now
-            name = self._tiers[t].name if t < len(self._tiers) else str(t)
+            name = self._parts.tiers[t].name if t < len(self._parts.tiers) else str(t)
             log.warning(
                 "kvtier: tier %s %s failed (treated as a miss): %s: %s", name, what, type(exc).__name__, exc
             )
@@ -190,7 +163,7 @@ class JobBook:
                 rec.keys += keys
                 rec.slots += slots
                 return True
-        job_id = self._ids()
+        job_id = self._parts.ids()
         self.jobs[job_id] = _Job(t, True, list(keys), list(slots), time.perf_counter())
         self.tier_io_totals[t].inflight_jobs += 1
         self.promotions_inflight += 1
@@ -205,8 +178,8 @@ class JobBook:
         rec.started = time.perf_counter()
         try:
             slots = np.array(rec.slots, dtype=np.int32)
-            job = TransferJob(job_id, rec.keys, slots, True, request, self._clock())
-            self._tiers[t].submit_load(job)
+            job = TransferJob(job_id, rec.keys, slots, True, request, self._parts.clock())
+            self._parts.tiers[t].submit_load(job)
         except Exception as exc:
             self.tier_error(t, "submit_load", exc)
             self.finish(t, JobResult(job_id, False, error=f"{type(exc).__name__}: {exc}"))
@@ -223,35 +196,35 @@ class JobBook:
     # -- stores ------------------------------------------------------------------------------
     def submit_store(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
         """Copy READY/FLUSHING ``slots`` to tier ``t``; the slots stay pinned until the job ends."""
-        self._primary.pin(slots)
+        self._parts.primary.pin(slots)
         if len(self.jobs) >= self.max_inflight or self.deferred:
             self.deferred.append((t, keys, slots, request))
             while len(self.deferred) > self.max_deferred:
                 _, given_up_keys, given_up_slots, _ = self.deferred.popleft()
                 self.job_counts["tier_stores_dropped"] += len(given_up_keys)
-                self._residency.lost(given_up_slots)
+                self._parts.residency.lost(given_up_slots)
                 self._unpin(given_up_slots)
             return
         self._submit_store_now(t, keys, slots, request)
 
     def _submit_store_now(self, t: int, keys: list[BlockKey], slots: list[int], request: Any) -> None:
-        job_id = self._ids()
+        job_id = self._parts.ids()
         self.jobs[job_id] = _Job(t, False, keys, slots, time.perf_counter())
         self.tier_io_totals[t].inflight_jobs += 1
         self.job_counts["jobs_submitted"] += 1
         try:
             job = TransferJob(
-                job_id, list(keys), np.array(slots, dtype=np.int32), False, request, self._clock()
+                job_id, list(keys), np.array(slots, dtype=np.int32), False, request, self._parts.clock()
             )
-            self._tiers[t].submit_store(job)
+            self._parts.tiers[t].submit_store(job)
         except Exception as exc:
             self.tier_error(t, "submit_store", exc)
             self.finish(t, JobResult(job_id, False, error=f"{type(exc).__name__}: {exc}"))
 
     def _unpin(self, slots: list[int]) -> None:
-        freed = self._primary.unpin(slots)
+        freed = self._parts.primary.unpin(slots)
         if freed:
-            self._emit("evicted", freed, None)
+            self._parts.emit("evicted", freed, None)
 
     def pump(self) -> None:
         """Submit waiting stores while the budget allows."""
@@ -270,8 +243,8 @@ class JobBook:
             )
             return
         del self.jobs[result.job_id]
-        self._latency.job(t, rec.promotion, time.perf_counter() - rec.started)
-        name = self._tiers[t].name
+        self._parts.latency.job(t, rec.promotion, time.perf_counter() - rec.started)
+        name = self._parts.tiers[t].name
         io = self.tier_io_totals[t]
         io.inflight_jobs -= 1
         secs = result.seconds if isinstance(result.seconds, float | int) else 0.0  # a sloppy tier's None
@@ -301,30 +274,30 @@ class JobBook:
                     bad_slots.append(x)
         if rec.promotion:
             self.promotions_inflight -= 1
-            pr = self._primary
+            pr = self._parts.primary
             pr.commit(ok_keys, ok_slots, None)
-            self._residency.copied(ok_slots)  # it came from a tier: write-back need not flush it
+            self._parts.residency.copied(ok_slots)  # it came from a tier: write-back need not flush it
             pr.abort(bad_keys, bad_slots)
-            self._counters["promotions"] += len(ok_keys)
-            self._counters["promotions_failed"] += len(bad_keys)
+            self._parts.counters["promotions"] += len(ok_keys)
+            self._parts.counters["promotions_failed"] += len(bad_keys)
             io.promotions += len(ok_keys)
             io.promotions_failed += len(bad_keys)
             if ok_keys:
-                self._emit("promoted", ok_keys, name)
+                self._parts.emit("promoted", ok_keys, name)
             if bad_keys:
-                self._emit("promotion_failed", bad_keys, name)
+                self._parts.emit("promotion_failed", bad_keys, name)
             return
         if ok_keys:
-            self._emit("stored", ok_keys, name)
+            self._parts.emit("stored", ok_keys, name)
         if bad_keys:
-            self._residency.lost(bad_slots)  # write-back/after-hits may try again later
-            self._emit("store_failed", bad_keys, name)
+            self._parts.residency.lost(bad_slots)  # write-back/after-hits may try again later
+            self._parts.emit("store_failed", bad_keys, name)
         self._unpin(rec.slots)
 
     def poll_locked(self) -> None:
         """Hand staged promotions over, collect every tier's finished jobs, submit waiting stores."""
         self.flush_promotions_locked()
-        for t, tier in enumerate(self._tiers):
+        for t, tier in enumerate(self._parts.tiers):
             try:
                 results = tier.get_finished_jobs()
             except Exception as exc:
@@ -340,7 +313,7 @@ class JobBook:
             before = len(self.jobs) + len(self.deferred)
             self.flush_promotions_locked()
             self.pump()
-            for t, tier in enumerate(self._tiers):
+            for t, tier in enumerate(self._parts.tiers):
                 try:
                     tier.drain()
                 except Exception as exc:

@@ -9,40 +9,32 @@ counters and ``latency`` (:meth:`~kvtier.engine.latency.Latency.snapshot`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from kvtier.engine.admission import Admission
 from kvtier.engine.jobs import JobBook
-from kvtier.engine.latency import Latency
 from kvtier.engine.movers import KVMover
+from kvtier.engine.parts import Parts
 from kvtier.engine.timedpins import TimedPins
-from kvtier.primary import PrimaryTier
-from kvtier.tiers.base import SecondaryTier
 
 __all__ = ["engine_stats"]
 
 
 def engine_stats(
-    counters: dict[str, int],
-    primary: PrimaryTier,
-    timed_pins: TimedPins,
-    mover: KVMover,
-    admission: Admission,
-    jobs: JobBook,
-    tiers: Sequence[SecondaryTier],
-    latency: Latency,
+    parts: Parts, timed_pins: TimedPins, mover: KVMover, admission: Admission, jobs: JobBook
 ) -> dict[str, Any]:
-    """The engine's stats (see the module docstring); call it with the engine's lock held."""
-    out: dict[str, Any] = dict(counters)
+    """The engine's stats (see the module doc; the counters, the primary tier, the tiers and the
+    latency come from ``parts``); call it with the engine's lock held."""
+    primary = parts.primary
+    out: dict[str, Any] = dict(parts.counters)
     # Timed pins first: the ones that have run out are released before the slots are counted.
     out["primary"] = timed_pins.stats() | primary.counts() | mover.primary_io()
     out["primary"]["backing"] = primary.backing
     skipped = admission.skipped_cost
     out["tiers"] = {
         tier.name: jobs.tier_stats(t) | {"promotions_skipped_cost": skipped[t]}
-        for t, tier in enumerate(tiers)
+        for t, tier in enumerate(parts.tiers)
     }
     out.update(jobs.counters())
-    out["latency"] = latency.snapshot()
+    out["latency"] = parts.latency.snapshot()
     return out

@@ -11,8 +11,8 @@ One :class:`WritePolicy` object per tier says when that tier receives a copy:
 "a block was hit", "these are the victims" and ``flush()`` into store jobs, and it reserves primary
 slots (reservation evicts, and what happens to a victim is the write policy's business). It records
 every copy in the :class:`~kvtier.engine.residency.Residency`, the one owner of "which block is in
-the tiers". It is given the primary tier, that residency, the job book, the engine's counters and an
-``emit`` callback; every method runs under the engine's lock.
+the tiers". It is given the engine's :class:`~kvtier.engine.parts.Parts` (the primary tier, that
+residency, the counters, ``emit``) and the job book; every method runs under the engine's lock.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvtier.engine.jobs import Emit, JobBook
-from kvtier.engine.residency import Residency
+from kvtier.engine.jobs import JobBook
+from kvtier.engine.parts import Parts
 from kvtier.errors import ConfigError, MisuseError
 from kvtier.keys import BlockKey
-from kvtier.primary import PrimaryTier
 
 __all__ = [
     "AfterHits",
@@ -120,21 +119,10 @@ class TierWrites:
         flush_dirty: some tier flushes victims (write-back): reservation keeps them FLUSHING.
     """
 
-    def __init__(
-        self,
-        primary: PrimaryTier,
-        policies: Sequence[WritePolicy],
-        residency: Residency,
-        jobs: JobBook,
-        counters: dict[str, int],
-        emit: Emit,
-    ) -> None:
-        self._primary = primary
+    def __init__(self, parts: Parts, policies: Sequence[WritePolicy], jobs: JobBook) -> None:
+        self._parts = parts
         self.policies = list(policies)
-        self._residency = residency
         self._jobs = jobs
-        self._counters = counters
-        self._emit = emit
         # Residency keeps one "in the tiers" bit per slot, so an engine's tiers must agree on when
         # they are written; write_policies() builds them that way.
         if len({(type(p), p.hits_to_copy) for p in self.policies}) > 1:
@@ -154,7 +142,7 @@ class TierWrites:
     def committed(self, keys: list[BlockKey], slots: list[int], request: Any) -> None:
         """A store completed (``slots`` READY): write-through copies them now."""
         if self._on_commit:
-            self._residency.copied(slots)
+            self._parts.residency.copied(slots)
             self._submit(self._on_commit, keys, slots, request)
 
     def hit(self, keys: list[BlockKey], request: Any) -> None:
@@ -168,15 +156,15 @@ class TierWrites:
         mode as in the simulator, whose tiers finish every job at once (docs/replay.md).
         """
         if self._on_hits:
-            due = self._residency.due_after_hits(keys, self.hits_to_copy)
+            due = self._parts.residency.due_after_hits(keys, self.hits_to_copy)
             if due:
-                self._submit(self._on_hits, self._primary.keys_of(due), due, request)
+                self._submit(self._on_hits, self._parts.primary.keys_of(due), due, request)
 
     def flush(self) -> int:
         """Copy every READY block not in the tiers yet, to every tier; the number of blocks."""
-        due = self._residency.uncopied_ready()
+        due = self._parts.residency.uncopied_ready()
         if due:
-            self._submit(list(range(len(self.policies))), self._primary.keys_of(due), due, None)
+            self._submit(list(range(len(self.policies))), self._parts.primary.keys_of(due), due, None)
         return len(due)
 
     def reserve(self, keys: list[BlockKey]) -> tuple[list[int], list[int], int]:
@@ -187,14 +175,14 @@ class TierWrites:
         want of a slot, fast tiers may be done already, so their results are collected and the
         dropped keys tried once more (without evicting again).
         """
-        pr = self._primary
+        pr = self._parts.primary
         pos, slots, evicted, flush_keys, flush_slots, dropped = pr.reserve(keys, flush_dirty=self.flush_dirty)
         if evicted:
-            self._counters["evictions"] += len(evicted)
-            self._emit("evicted", evicted, None)
+            self._parts.counters["evictions"] += len(evicted)
+            self._parts.emit("evicted", evicted, None)
         if flush_keys:
-            self._counters["evictions"] += len(flush_keys)
-            self._counters["writebacks"] += len(flush_keys)
+            self._parts.counters["evictions"] += len(flush_keys)
+            self._parts.counters["writebacks"] += len(flush_keys)
             self._submit(self._on_evict, flush_keys, flush_slots, None)
         if dropped and self.flush_dirty and self._jobs.inflight:
             self._jobs.poll_locked()

@@ -17,10 +17,11 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,17 +50,13 @@ def check_deadline(key: str, value: object) -> float:
 
 @dataclass(slots=True)
 class JobCounters:
-    """What went through the adapter (read by the engines' stats hooks)."""
+    """What went through the adapter (read by the engines' stats hooks); every block is one row, so
+    :meth:`BufferTier.stats` derives the bytes moved from the blocks."""
 
     stored_blocks: int = 0
     loaded_blocks: int = 0
     failed_blocks: int = 0
     timed_out_jobs: int = 0
-    bytes_written: int = 0
-    bytes_read: int = 0
-    #: ``(blocks transferred, seconds)`` per job since the last :meth:`BufferTier.take_timings`.
-    store_seconds: list[tuple[int, float]] = field(default_factory=list)
-    load_seconds: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -100,6 +97,8 @@ class BufferTier:
         context = TierContext(name=name, block_bytes=self.row_bytes, namespace=namespace)
         self.tier = create_tier(dict(tier_config), primary_kv_view=rows, context=context, plugins=plugins)
         self.counters = JobCounters()
+        #: ``(blocks transferred, seconds)`` per store / load job since the last :meth:`take_timings`.
+        self._timings: tuple[list[tuple[int, float]], list[tuple[int, float]]] = ([], [])
         self._lock = threading.Lock()  # tier calls, job table
         self._wake = threading.Condition(self._lock)
         self._pending: dict[int, _Pending] = {}
@@ -214,19 +213,15 @@ class BufferTier:
             c = self.counters
             return {
                 "tier": dict(tier),
-                "stored_blocks": c.stored_blocks,
-                "loaded_blocks": c.loaded_blocks,
-                "failed_blocks": c.failed_blocks,
-                "timed_out_jobs": c.timed_out_jobs,
-                "bytes_written": c.bytes_written,
-                "bytes_read": c.bytes_read,
+                **dataclasses.asdict(c),
+                "bytes_written": c.stored_blocks * self.row_bytes,
+                "bytes_read": c.loaded_blocks * self.row_bytes,
             }
 
     def take_timings(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """``(stores, loads)``: ``(blocks, seconds)`` of each job since the last call."""
         with self._lock:
-            out = (self.counters.store_seconds, self.counters.load_seconds)
-            self.counters.store_seconds, self.counters.load_seconds = [], []
+            out, self._timings = self._timings, ([], [])
             return out
 
     def close(self) -> None:
@@ -277,15 +272,11 @@ class BufferTier:
 
     def _count(self, load: bool, n: int, ok: frozenset[BlockKey], seconds: float) -> None:
         c = self.counters
-        nbytes = len(ok) * self.row_bytes
         c.failed_blocks += n - len(ok)
         if load:
             c.loaded_blocks += len(ok)
-            c.bytes_read += nbytes
-            if len(c.load_seconds) < _MAX_TIMINGS:  # bounded when nobody reads them
-                c.load_seconds.append((len(ok), seconds))
         else:
             c.stored_blocks += len(ok)
-            c.bytes_written += nbytes
-            if len(c.store_seconds) < _MAX_TIMINGS:
-                c.store_seconds.append((len(ok), seconds))
+        timings = self._timings[load]
+        if len(timings) < _MAX_TIMINGS:  # bounded when nobody reads them
+            timings.append((len(ok), seconds))

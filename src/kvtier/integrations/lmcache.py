@@ -41,8 +41,9 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,16 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[misc]
         )
 
 
+@dataclass(slots=True)
+class _Group:
+    """Objects of one size, all in LMCache's L1 arena or all staged: one tier job."""
+
+    size: int
+    in_arena: bool
+    items: list[tuple[Any, Any, int]]  # (LMCache key, memory object, row)
+    bkeys: list[BlockKey]
+
+
 class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     """LMCache L2 adapter running one kvtier tier (see the module doc)."""
 
@@ -110,15 +121,13 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self.config = config
         self._plugins = _plugins(config.plugins)
         self._arena = l1_memory_desc
-        self._efd = {
-            kind: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for kind in ("store", "lookup", "load")
-        }
+        kinds = ("store", "lookup", "load")
+        self._efd = {kind: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for kind in kinds}
+        #: Finished tasks not yet collected, per kind: task id -> result (signalled on ``_efd[kind]``).
+        self._done: dict[str, dict[int, Any]] = {kind: {} for kind in kinds}
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._next_task = 1
-        self._store_done: dict[int, Any] = {}
-        self._lookup_done: dict[int, Any] = {}
-        self._load_done: dict[int, Any] = {}
         self._locks: dict[Any, int] = defaultdict(int)
         self._stored: dict[BlockKey, tuple[Any, int]] = {}  # notified as stored: ObjectKey, size
         self._tiers: dict[tuple[int, bool], BufferTier] = {}  # (object size, in arena) -> tier
@@ -138,9 +147,17 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def get_load_event_fd(self) -> int:
         return self._efd["load"]
 
-    def _signal(self, kind: str) -> None:
+    def _finish(self, kind: str, task: int, result: Any) -> None:
+        """Record ``task``'s result and wake LMCache through the ``kind`` eventfd."""
+        with self._lock:
+            self._done[kind][task] = result
         with contextlib.suppress(OSError):  # closed while a late job reported
             os.eventfd_write(self._efd[kind], 1)
+
+    def _take(self, kind: str, task: int) -> Any:
+        """``task``'s result once it finished (then forgotten), else ``None``."""
+        with self._lock:
+            return self._done[kind].pop(task, None)
 
     # -- keys and rows -------------------------------------------------------------------------
     def _space(self, salt: str) -> KeyNamespace:
@@ -208,72 +225,41 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     # -- store ---------------------------------------------------------------------------------
     def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
         task = self._new_task()
-        try:
-            groups = self._group(keys, objects)
-        except Exception:
-            logger.exception("kvtier L2: store task %d not started", task)
-            self._finish_store(task, False, 0, [], [])
-            return task
-        if not groups:
-            self._finish_store(task, True, 0, [], [])
-            return task
-        left = [len(groups)]
-        results: list[tuple[list[Any], list[int], bool]] = []
-        lock = threading.Lock()
+        results: list[tuple[list[Any], list[int], bool]] = []  # per group: new keys, their sizes, all ok
 
-        for (size, in_arena), items in groups.items():
-            bt = self._tier(size, in_arena)
-            bkeys = self._block_keys([k for k, _o, _r in items])
-            rows = [r for _k, _o, r in items]
-            if not in_arena:
-                for (_k, o, _r), r in zip(items, rows, strict=True):
-                    self._staging[size][r, :] = np.frombuffer(o.byte_array, dtype=np.uint8, count=size)
+        def stored(g: _Group, ok: frozenset[BlockKey]) -> None:
+            new_keys, new_sizes = [], []
+            with self._lock:
+                for (k, _o, _r), b in zip(g.items, g.bkeys, strict=True):
+                    if b in ok and b not in self._stored:
+                        self._stored[b] = (k, g.size)
+                        new_keys.append(k)
+                        new_sizes.append(g.size)
+            results.append((new_keys, new_sizes, len(ok) == len(g.bkeys)))
 
-            def done(
-                ok: frozenset[BlockKey],
-                items: list[Any] = items,
-                bkeys: list[BlockKey] = bkeys,
-                size: int = size,
-                in_arena: bool = in_arena,
-            ) -> None:
-                self._release(size, in_arena, items)
-                new_keys, new_sizes = [], []
-                with self._lock:
-                    for (k, _o, _r), b in zip(items, bkeys, strict=True):
-                        if b in ok and b not in self._stored:
-                            self._stored[b] = (k, size)
-                            new_keys.append(k)
-                            new_sizes.append(size)
-                with lock:
-                    results.append((new_keys, new_sizes, len(ok) == len(bkeys)))
-                    left[0] -= 1
-                    last = left[0] == 0
-                if last:
-                    all_ok = all(r[2] for r in results)
-                    nk = [k for r in results for k in r[0]]
-                    ns = [s for r in results for s in r[1]]
-                    self._finish_store(task, all_ok, sum(ns), nk, ns)
+        def finish(started: bool) -> None:
+            nk = [k for r in results for k in r[0]]
+            ns = [s for r in results for s in r[1]]
+            self._finish_store(task, started and all(r[2] for r in results), sum(ns), nk, ns)
 
-            bt.submit(bkeys, rows, load=False, done=done)
+        self._submit_groups(task, keys, objects, load=False, group_done=stored, finish=finish)
         return task
 
     def _finish_store(self, task: int, ok: bool, nbytes: int, keys: list[Any], sizes: list[int]) -> None:
         if keys:
             self._notify_keys_stored(keys, sizes)
-        with self._lock:
-            self._store_done[task] = L2StoreResult(ok, nbytes if ok else 0)
-        self._signal("store")
+        self._finish("store", task, L2StoreResult(ok, nbytes if ok else 0))
 
     def pop_completed_store_tasks(self) -> dict[int, Any]:
         with self._lock:
-            done, self._store_done = self._store_done, {}
+            done, self._done["store"] = self._done["store"], {}
         return done
 
     # -- lookup and lock -----------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any = None) -> int:
         task = self._new_task()
         if self._closed:
-            self._finish_lookup(task, Bitmap(len(keys)))
+            self._finish("lookup", task, Bitmap(len(keys)))
         else:
             self._checks.submit(self._lookup, task, list(keys), dict(group_layout_descs or {}))
         return task
@@ -307,7 +293,7 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         if found:
             with contextlib.suppress(Exception):  # a listener's failure is not the lookup's
                 self._notify_keys_accessed(found)
-        self._finish_lookup(task, bitmap)
+        self._finish("lookup", task, bitmap)
 
     def _sizes_for(self, key: Any, layouts: dict[int, Any]) -> list[int]:
         """Object sizes ``key`` may be stored under: its group's layout (LMCache passes it with
@@ -324,14 +310,8 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 )
         return sorted(sizes)
 
-    def _finish_lookup(self, task: int, bitmap: Any) -> None:
-        with self._lock:
-            self._lookup_done[task] = bitmap
-        self._signal("lookup")
-
     def query_lookup_and_lock_result(self, task_id: int) -> Any:
-        with self._lock:
-            return self._lookup_done.pop(task_id, None)
+        return self._take("lookup", task_id)
 
     def submit_unlock(self, keys: list[Any]) -> None:
         with self._lock:
@@ -351,60 +331,76 @@ class KvtierL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
         task = self._new_task()
         bitmap = Bitmap(len(keys))
-        try:
-            groups = self._group(keys, objects)
-        except Exception:
-            logger.exception("kvtier L2: load task %d not started", task)
-            self._finish_load(task, bitmap)
-            return task
-        if not groups:
-            self._finish_load(task, bitmap)
-            return task
-        left = [len(groups)]
         lock = threading.Lock()
         index = {id(o): i for i, o in enumerate(objects)}
 
+        def loaded(g: _Group, ok: frozenset[BlockKey]) -> None:
+            gone: list[tuple[Any, int]] = []
+            for (_k, o, r), b in zip(g.items, g.bkeys, strict=True):
+                if b in ok:
+                    if not g.in_arena:
+                        dst = np.frombuffer(o.byte_array, dtype=np.uint8, count=g.size)
+                        dst[:] = self._staging[g.size][r]
+                    with lock:
+                        bitmap.set(index[id(o)])
+                else:
+                    gone.extend(self._forget(b))
+            self._notify_gone(gone)
+
+        def finish(_started: bool) -> None:
+            self._finish("load", task, bitmap)
+
+        self._submit_groups(task, keys, objects, load=True, group_done=loaded, finish=finish)
+        return task
+
+    # -- transfers ---------------------------------------------------------------------------------
+    def _submit_groups(
+        self,
+        task: int,
+        keys: list[Any],
+        objects: list[Any],
+        *,
+        load: bool,
+        group_done: Callable[[_Group, frozenset[BlockKey]], None],
+        finish: Callable[[bool], None],
+    ) -> None:
+        """One tier job per group of ``objects`` (by size and arena; staged objects are copied to
+        their staging rows first for a store). ``group_done(group, keys transferred)`` runs as each
+        job ends, before its staging rows are released; ``finish(True)`` once after the last (at
+        once when there is nothing to move), ``finish(False)`` when the objects cannot be grouped."""
+        what = "load" if load else "store"
+        try:
+            groups = self._group(keys, objects)
+        except Exception:
+            logger.exception("kvtier L2: %s task %d not started", what, task)
+            finish(False)
+            return
+        if not groups:
+            finish(True)
+            return
+        left = [len(groups)]
+        lock = threading.Lock()
         for (size, in_arena), items in groups.items():
             bt = self._tier(size, in_arena)
-            bkeys = self._block_keys([k for k, _o, _r in items])
+            group = _Group(size, in_arena, items, self._block_keys([k for k, _o, _r in items]))
             rows = [r for _k, _o, r in items]
+            if not load and not in_arena:
+                for (_k, o, _r), r in zip(items, rows, strict=True):
+                    self._staging[size][r, :] = np.frombuffer(o.byte_array, dtype=np.uint8, count=size)
 
-            def done(
-                ok: frozenset[BlockKey],
-                items: list[Any] = items,
-                bkeys: list[BlockKey] = bkeys,
-                size: int = size,
-                in_arena: bool = in_arena,
-            ) -> None:
-                gone: list[tuple[Any, int]] = []
-                for (_k, o, r), b in zip(items, bkeys, strict=True):
-                    if b in ok:
-                        if not in_arena:
-                            dst = np.frombuffer(o.byte_array, dtype=np.uint8, count=size)
-                            dst[:] = self._staging[size][r]
-                        with lock:
-                            bitmap.set(index[id(o)])
-                    else:
-                        gone.extend(self._forget(b))
-                self._release(size, in_arena, items)
-                self._notify_gone(gone)
+            def done(ok: frozenset[BlockKey], g: _Group = group) -> None:
+                group_done(g, ok)
+                self._release(g.size, g.in_arena, g.items)
                 with lock:
                     left[0] -= 1
                     last = left[0] == 0
                 if last:
-                    self._finish_load(task, bitmap)
+                    finish(True)
 
-            bt.submit(bkeys, rows, load=True, done=done)
-        return task
-
-    def _finish_load(self, task: int, bitmap: Any) -> None:
-        with self._lock:
-            self._load_done[task] = bitmap
-        self._signal("load")
+            bt.submit(group.bkeys, rows, load=load, done=done)
 
     def query_load_result(self, task_id: int) -> Any:
-        with self._lock:
-            return self._load_done.pop(task_id, None)
+        return self._take("load", task_id)
 
     # -- capacity, status, close ------------------------------------------------------------------
     def delete(self, keys: list[Any]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -44,18 +43,14 @@ class MetricsExporter:
             ) from exc
         self.addr = addr
         self.port: int = int(self._server.server_port)
-        self._closed = False
-        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return f"http://{self.addr}:{self.port}/metrics"
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        # Idempotent as it stands (no flag needed): once the serving loop has ended, socketserver's
+        # shutdown() returns at once, and closing a closed socket does nothing.
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)

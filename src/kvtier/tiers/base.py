@@ -35,6 +35,7 @@ __all__ = [
     "RemovalLog",
     "SecondaryTier",
     "SimulationProfile",
+    "SimulationRequest",
     "TierContext",
     "TierStats",
     "UNBOUNDED_BLOCKS",
@@ -87,6 +88,13 @@ class TierStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def counted(self, answer: LookupResult) -> LookupResult:
+        """``answer``, counted as one lookup (and a hit when it is ``HIT``)."""
+        self.lookups += 1
+        if answer is LookupResult.HIT:
+            self.hits += 1
+        return answer
 
 
 class RemovalLog:
@@ -198,6 +206,47 @@ class PrimaryProfile:
     new_policy: Callable[[int], CachePolicy]
 
 
+@dataclass(frozen=True, slots=True)
+class SimulationRequest:
+    """What the simulator hands a tier's :meth:`SecondaryTier.simulate` hook.
+
+    Attributes:
+        options: the config entry's keys besides ``type``/``module_path``/``name`` (what the
+            constructor would get).
+        block_bytes: payload bytes of one block.
+        policy_factory: builds the policy (so the simulator's plug-in trust boundary applies).
+        key_path: where the entry sits in the config (``secondary_tiers[1]``), for error messages.
+        primary: the simulated engine's primary tier; set only for a class that sets
+            ``simulation_uses_primary``.
+    """
+
+    options: Mapping[str, Any]
+    block_bytes: int
+    policy_factory: PolicyFactory
+    key_path: str = ""
+    primary: PrimaryProfile | None = None
+
+    def key(self, name: str) -> str:
+        """``name`` under this entry's key path (``secondary_tiers[1].max_bytes``)."""
+        return _key(self.key_path, name)
+
+    def size(self, name: str) -> int | None:
+        """Option ``name`` as bytes (:func:`~kvtier.config.parse_size`), ``None`` when absent."""
+        raw = self.options.get(name)
+        return None if raw is None else parse_size(raw, self.key(name))
+
+    def policy(self, capacity: int) -> CachePolicy:
+        """An empty policy of ``capacity`` blocks, named and configured by the entry's
+        ``eviction_policy`` (default ``lru``) and ``policy_options``, built as the tier builds it."""
+        options = self.options
+        return self.policy_factory(
+            str(options.get("eviction_policy", "lru")),
+            capacity,
+            options.get("policy_options") or {},
+            key_path=self.key_path,
+        )
+
+
 class SecondaryTier(ABC):
     """A store of KV blocks behind the primary tier.
 
@@ -276,14 +325,18 @@ class SecondaryTier(ABC):
         key_path: str = "",
         primary: PrimaryProfile | None = None,
     ) -> SimulationProfile:
-        """Describe how this tier is simulated, from its config entry's ``options``.
+        """Describe how this tier is simulated, from its config entry's ``options``: the entry
+        point the simulator calls, with the fields of a :class:`SimulationRequest` (``primary``
+        only for classes that set ``simulation_uses_primary``, so an older override written
+        without the argument keeps working). A tier describes itself by overriding
+        :meth:`simulate`; overriding this method instead still works. Pure: no I/O, no threads."""
+        return cls.simulate(SimulationRequest(options, block_bytes, policy_factory, key_path, primary))
 
-        ``options`` are the entry's keys besides ``type``/``module_path``/``name`` (what the
-        constructor would get); ``block_bytes`` is the payload per block; build the policy with
-        ``policy_factory`` (so the simulator's plug-in trust boundary applies) and name bad keys
-        under ``key_path`` (``secondary_tiers[1]``). ``primary`` describes the simulated engine's
-        primary tier; the simulator passes it only to classes that set ``simulation_uses_primary``
-        (so an override written without the argument keeps working). Pure: no I/O, no threads.
+    @classmethod
+    def simulate(cls, request: SimulationRequest) -> SimulationProfile:
+        """This tier's :class:`SimulationProfile` for ``request`` (name bad keys with
+        :meth:`SimulationRequest.key`; build the policy through the request, so the simulator's
+        plug-in trust boundary applies). Pure: no I/O, no threads.
 
         The default reads ``max_bytes`` (``max_bytes // block_bytes`` blocks; unbounded when
         absent), ``eviction_policy`` (default ``lru``) with ``policy_options``, sized
@@ -291,15 +344,9 @@ class SecondaryTier(ABC):
         capacity or chunking differs (per-block overhead, its own options) overrides this, so a new
         tier is simulated without editing :mod:`kvtier.sim`.
         """
-        raw = options.get("max_bytes")
-        max_bytes = None if raw is None else parse_size(raw, _key(key_path, "max_bytes"))
+        max_bytes, block_bytes = request.size("max_bytes"), request.block_bytes
         capacity = None if max_bytes is None else max(max_bytes // max(block_bytes, 1), 1)
-        policy = policy_factory(
-            str(options.get("eviction_policy", "lru")),
-            policy_capacity(max_bytes, block_bytes),
-            options.get("policy_options") or {},
-            key_path=key_path,
-        )
+        policy = request.policy(policy_capacity(max_bytes, block_bytes))
         return SimulationProfile(capacity, policy, whole_job, cls.medium)
 
     # -- helpers for implementations ---------------------------------------------------------

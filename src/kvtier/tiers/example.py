@@ -57,11 +57,7 @@ class ExampleTier(AsyncTier):
 
     # -- index (engine thread) -----------------------------------------------------------------
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
-        self.stats.lookups += 1
-        if key in self._blocks:
-            self.stats.hits += 1
-            return LookupResult.HIT
-        return LookupResult.MISS
+        return self.stats.counted(LookupResult.HIT if key in self._blocks else LookupResult.MISS)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
         for key in keys:

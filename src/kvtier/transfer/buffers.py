@@ -91,6 +91,16 @@ def _torch(num_slots: int, row_stride: int) -> HostBuffer:
     return buf
 
 
+def _sole_user(users_fd: int) -> bool:
+    """Take the users lock exclusively if no other process holds it (then the caller is the only
+    user: the first to map the segment, or the last to unmap it); else leave it as it was."""
+    try:
+        fcntl.flock(users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 class ShmBuffer(HostBuffer):
     """POSIX shared memory mapped by name (see the module docstring for the protocol)."""
 
@@ -158,11 +168,8 @@ class ShmBuffer(HostBuffer):
             if self.owner:
                 self._take_ownership()
             self._users_fd = os.open(self._users_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                first = True
-            except BlockingIOError:
-                first = False
+            # The users lock is shared by every process mapping the segment: exclusive means none does.
+            first = _sole_user(self._users_fd)
             if first:
                 if os.path.exists(self.path):
                     log.warning(
@@ -208,11 +215,7 @@ class ShmBuffer(HostBuffer):
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._users_fd, fcntl.LOCK_UN)
-            try:
-                fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                last = True
-            except BlockingIOError:
-                last = False
+            last = _sole_user(self._users_fd)
             if last:
                 paths = (self.path, self._users_path, self._owner_path)
                 for p in (*paths, *((self._lock_path,) if self.private else ())):

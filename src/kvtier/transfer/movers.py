@@ -24,10 +24,11 @@ primary rows, synchronised before returning. It is untested here (no GPU on the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -149,27 +150,17 @@ def copy_rows_in(
     sl = _ints(slots)
     idx = list(src_index)
     if isinstance(src, np.ndarray):
-        arr = src
-        runs = _runs(sl, idx)
+        return _copy_runs(rows, src, _runs(sl, idx), n, block_bytes, into_rows=True)
+    items = src
+    for i in idx:
+        if memoryview(items[i]).nbytes != block_bytes:
+            raise MisuseError(
+                f"store data: block {i} has {memoryview(items[i]).nbytes} bytes, not {block_bytes}"
+            )
 
-        def run_body(lo: int, hi: int) -> None:
-            for j in range(lo, hi):
-                d, s, k = runs[j]
-                np.copyto(rows[d : d + k, :block_bytes], arr[s : s + k, :block_bytes])
-
-        _run_split(len(runs), n * block_bytes, run_body)
-        return n * block_bytes
-    else:
-        items = src
-        for i in idx:
-            if memoryview(items[i]).nbytes != block_bytes:
-                raise MisuseError(
-                    f"store data: block {i} has {memoryview(items[i]).nbytes} bytes, not {block_bytes}"
-                )
-
-        def body(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                rows[sl[i], :block_bytes] = np.frombuffer(items[idx[i]], dtype=np.uint8)
+    def body(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            rows[sl[i], :block_bytes] = np.frombuffer(items[idx[i]], dtype=np.uint8)
 
     _run_split(n, n * block_bytes, body)
     return n * block_bytes
@@ -180,12 +171,22 @@ def copy_rows_out(rows: U8, slots: Slots, out: U8, dst_index: Sequence[int], blo
     n = len(slots)
     if n == 0:
         return 0
-    runs = _runs(_ints(slots), list(dst_index))
+    return _copy_runs(rows, out, _runs(_ints(slots), list(dst_index)), n, block_bytes, into_rows=False)
+
+
+def _copy_runs(
+    rows: U8, other: U8, runs: list[tuple[int, int, int]], n: int, block_bytes: int, *, into_rows: bool
+) -> int:
+    """Copy each run ``(row, block, count)`` of :func:`_runs` between ``rows[row:row + count]`` and
+    ``other[block:block + count]`` (into the rows, or out of them); the ``n`` blocks' bytes."""
 
     def body(lo: int, hi: int) -> None:
         for j in range(lo, hi):
-            s, d, k = runs[j]
-            np.copyto(out[d : d + k, :block_bytes], rows[s : s + k, :block_bytes])
+            r, o, k = runs[j]
+            if into_rows:
+                np.copyto(rows[r : r + k, :block_bytes], other[o : o + k, :block_bytes])
+            else:
+                np.copyto(other[o : o + k, :block_bytes], rows[r : r + k, :block_bytes])
 
     _run_split(len(runs), n * block_bytes, body)
     return n * block_bytes
@@ -322,45 +323,52 @@ def _copy_cpu(layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 
 
 # -- CUDA (guarded; no GPU on the development host, so these lines are not exercised here) --------
-def _cuda_gather(
-    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
-) -> int:  # pragma: no cover
+@contextlib.contextmanager
+def _cuda_segments(
+    layout: KVLayout, rows: U8
+) -> Iterator[tuple[Any, list[tuple[Any, int, int, int]]]]:  # pragma: no cover
+    """On a side stream of the KV's device: the primary rows as a tensor and, per KV tensor, its
+    ``(outer, num_blocks, inner)`` byte view with the segment's ``(offset, outer, inner)``. Waits for
+    the stream's copies on a normal exit."""
     import torch
 
-    host = torch.from_numpy(rows)
     dev = layout.tensors[0].device
-    idx = torch.as_tensor(list(block_ids), device=dev, dtype=torch.long)
     stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
     # The side stream must not start before work already queued on the compute stream (the
     # kernels that write this KV, or that still read the blocks we are about to overwrite).
     stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
-        for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
-            u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
+        yield (
+            torch.from_numpy(rows),
+            [
+                (t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner), off, outer, inner)
+                for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True)
+            ],
+        )
+    stream.synchronize()
+
+
+def _cuda_gather(
+    layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
+) -> int:  # pragma: no cover
+    import torch
+
+    idx = torch.as_tensor(list(block_ids), device=layout.tensors[0].device, dtype=torch.long)
+    with _cuda_segments(layout, rows) as (host, segments):
+        for u8, off, outer, inner in segments:
             picked = u8.index_select(1, idx)  # (outer, n, inner) on the device
             for i, s in enumerate(_ints(slots)):
                 dst = host[s, off : off + outer * inner].view(outer, inner)
                 dst.copy_(picked[:, i, :], non_blocking=True)
-    stream.synchronize()
     return len(slots) * layout.block_bytes
 
 
 def _cuda_scatter(
     layout: KVLayout, block_ids: Sequence[int], rows: U8, slots: Slots
 ) -> int:  # pragma: no cover
-    import torch
-
-    host = torch.from_numpy(rows)
-    dev = layout.tensors[0].device
-    stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
-    # The side stream must not start before work already queued on the compute stream (the
-    # kernels that write this KV, or that still read the blocks we are about to overwrite).
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(stream):
-        for t, (off, outer, inner) in zip(layout.tensors, layout.segments, strict=True):
-            u8 = t.reshape(-1).view(torch.uint8).reshape(outer, layout.num_blocks, inner)
+    with _cuda_segments(layout, rows) as (host, segments):
+        for u8, off, outer, inner in segments:
             for b, s in zip(block_ids, _ints(slots), strict=True):
                 src = host[s, off : off + outer * inner].view(outer, inner)
                 u8[:, b, :].copy_(src, non_blocking=True)
-    stream.synchronize()
     return len(slots) * layout.block_bytes

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
@@ -117,47 +116,47 @@ def unlink_region_name(region: Any) -> None:
 
 
 def _worker(spec: Any, kv_caches: Any) -> HostCopyWorker:
-    """``get_worker`` of both specs: one :class:`HostCopyWorker` per worker process."""
+    """One :class:`HostCopyWorker` per worker process (built on first ``get_worker``)."""
     if spec._worker is None:
         spec._worker = host_copy_worker(spec, kv_caches)
     worker: HostCopyWorker = spec._worker
     return worker
 
 
-def _manager(spec: Any, build: Callable[[], Any]) -> Any:
-    """``get_manager`` of both specs: the parent's manager, then the region's name unlinked once."""
-    fresh = spec._manager is None
-    manager = build()
-    if fresh and spec._scheduler_mmap is not None:
-        unlink_region_name(spec._scheduler_mmap)
-    return manager
+def _on_cpu(name: str, base: Any, doc: str) -> Any:
+    """The spec class ``name``: ``base`` on vLLM's CPU backend. Construction refuses an unknown vLLM
+    and a GPU platform (one line each); the worker is one :class:`HostCopyWorker` per worker
+    process; the manager is ``base``'s, after which the region's name is unlinked once."""
+
+    class Spec(base):  # type: ignore[misc,valid-type,unused-ignore]
+        def __init__(self, config: Any) -> None:
+            require_supported_vllm()
+            require_cpu_platform(type(self).__name__)
+            super().__init__(config)
+
+        def get_worker(self, kv_caches: Any) -> HostCopyWorker:
+            return _worker(self, kv_caches)
+
+        def get_manager(self) -> Any:
+            fresh = self._manager is None
+            manager = super().get_manager()
+            if fresh and self._scheduler_mmap is not None:
+                unlink_region_name(self._scheduler_mmap)
+            return manager
+
+    Spec.__name__ = Spec.__qualname__ = name
+    Spec.__doc__ = doc
+    Spec.__module__ = __name__
+    return Spec
 
 
-class KvtierCPUTieringSpec(TieringOffloadingSpec):  # type: ignore[misc,unused-ignore]
-    """vLLM's ``TieringOffloadingSpec`` on vLLM's CPU backend (kvtier's copy worker; see the module doc)."""
-
-    def __init__(self, config: Any) -> None:
-        require_supported_vllm()
-        require_cpu_platform(type(self).__name__)
-        super().__init__(config)
-
-    def get_worker(self, kv_caches: Any) -> HostCopyWorker:
-        return _worker(self, kv_caches)
-
-    def get_manager(self) -> Any:
-        return _manager(self, super().get_manager)
-
-
-class KvtierCPUOffloadingSpec(KvtierOffloadingSpec):
-    """kvtier's engine as vLLM's manager (``KvtierOffloadingSpec``) on vLLM's CPU backend."""
-
-    def __init__(self, config: Any) -> None:
-        require_supported_vllm()
-        require_cpu_platform(type(self).__name__)
-        super().__init__(config)
-
-    def get_worker(self, kv_caches: Any) -> HostCopyWorker:
-        return _worker(self, kv_caches)
-
-    def get_manager(self) -> Any:
-        return _manager(self, super().get_manager)
+KvtierCPUTieringSpec = _on_cpu(
+    "KvtierCPUTieringSpec",
+    TieringOffloadingSpec,
+    "vLLM's ``TieringOffloadingSpec`` on vLLM's CPU backend (kvtier's copy worker; see the module doc).",
+)
+KvtierCPUOffloadingSpec = _on_cpu(
+    "KvtierCPUOffloadingSpec",
+    KvtierOffloadingSpec,
+    "kvtier's engine as vLLM's manager (``KvtierOffloadingSpec``) on vLLM's CPU backend.",
+)

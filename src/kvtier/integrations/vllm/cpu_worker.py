@@ -91,36 +91,35 @@ class Direction:
         src_ptrs = np.empty(total, dtype=np.uint64)
         dst_ptrs = np.empty(total, dtype=np.uint64)
         sizes = np.empty(total, dtype=np.int64)
-        src_off = dst_off = op = 0
+        # Source and destination walk the same groups with the same arithmetic, each with its own
+        # blocks per chunk: (blocks, blocks per chunk, addresses out, tensors by index).
+        sides = (
+            (src_blocks, self.src_per_chunk, src_ptrs, self.src),
+            (dst_blocks, self.dst_per_chunk, dst_ptrs, self.dst),
+        )
+        offs = [0, 0]
+        op = 0
         for size, first, refs in zip(group_sizes, block_indices, self.group_refs, strict=True):
             if size == 0:
                 continue
-            src_skip = first % self.src_per_chunk
-            dst_skip = first % self.dst_per_chunk
-            src_end = src_off + _cdiv(size + src_skip, self.src_per_chunk)
-            dst_end = dst_off + _cdiv(size + dst_skip, self.dst_per_chunk)
-            if src_end > len(src_blocks) or dst_end > len(dst_blocks):
+            skips = [first % per for _b, per, _p, _t in sides]
+            ends = [
+                off + _cdiv(size + skip, side[1]) for off, skip, side in zip(offs, skips, sides, strict=True)
+            ]
+            if any(end > len(side[0]) for end, side in zip(ends, sides, strict=True)):
                 raise ValueError("transfer spec has fewer blocks than its group sizes need")
             for ref in refs:
                 end = op + size
-                compute_sub_block_ptrs(
-                    src_blocks[src_off:src_end],
-                    self.src_per_chunk,
-                    src_ptrs[op:end],
-                    self.src[ref.tensor_idx],
-                    skip_count=src_skip,
-                )
-                compute_sub_block_ptrs(
-                    dst_blocks[dst_off:dst_end],
-                    self.dst_per_chunk,
-                    dst_ptrs[op:end],
-                    self.dst[ref.tensor_idx],
-                    skip_count=dst_skip,
-                )
+                for (blocks, per, ptrs, tensors), off, stop, skip in zip(
+                    sides, offs, ends, skips, strict=True
+                ):
+                    compute_sub_block_ptrs(
+                        blocks[off:stop], per, ptrs[op:end], tensors[ref.tensor_idx], skip_count=skip
+                    )
                 sizes[op:end] = ref.page_size_bytes
                 op = end
-            src_off, dst_off = src_end, dst_end
-        if src_off != len(src_blocks) or dst_off != len(dst_blocks):
+            offs = ends
+        if offs != [len(src_blocks), len(dst_blocks)]:
             raise ValueError("transfer spec has more blocks than its group sizes use")
         return src_ptrs[:op], dst_ptrs[:op], sizes[:op]
 

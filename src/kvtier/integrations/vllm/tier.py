@@ -84,13 +84,14 @@ from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config.vllm import ADAPTER_CLASS, inline_secrets, split_adapter_entry, vllm_namespace
+from kvtier.config.vllm import ADAPTER_CLASS, split_adapter_entry, vllm_namespace
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.events import TierEvents
 from kvtier.integrations.vllm.hints import TIER_PIN_NOTICE, has_pin
 from kvtier.integrations.vllm.logonce import log_once as _log_once
 from kvtier.integrations.vllm.logonce import reset_log_once as reset_log_once
+from kvtier.integrations.vllm.logonce import warn_inline_secrets
 from kvtier.integrations.vllm.teardown import collect_cycles
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey, LookupResult
@@ -176,15 +177,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
         )
         path = f"{ADAPTER_CLASS}."
         opts, entry = split_adapter_entry(options, path)
-        for key, instead in inline_secrets(entry):
-            # The key's name only: the value is the secret.
-            _log_once(
-                f"inline-secret:{key}",
-                "kvtier: KvtierTier option %r holds a secret in --kv-transfer-config, which vLLM logs at "
-                "start-up; name an environment variable instead (%s)",
-                key,
-                instead,
-            )
+        warn_inline_secrets(entry)
         cls = TIERS.resolve(entry["type"], entry.get("module_path"), key_path=ADAPTER_CLASS)
         entry = self._known_options(cls, entry, opts.tier)
         config = getattr(offloading_spec, "config", None)
@@ -207,14 +200,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             # kvtier's factory numbers its one entry 0; vLLM's user knows it as the KvtierTier entry.
             path = exc.key_path.replace("secondary_tiers[0]", ADAPTER_CLASS, 1)
             raise ConfigError(path, exc.detail) from exc
-        medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
-        if getattr(self._tier, "p2p_serves", False):
-            source = CacheHitSource.P2P  # blocks from a peer's memory: vLLM's own p2p hit source
-        # Per instance: one adapter class fronts tiers of every medium.
-        self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
-        self.cache_hit_source = source  # type: ignore[misc]
-        locality = opts.locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
-        self.locality = None if locality is None else Locality(locality)
+        self._describe_medium(opts.locality)
         self._kvtier_type = opts.tier
         #: vLLM KV events of this tier (stored / removed), ``None`` when not published (see take_events).
         self._events: TierEvents | None = None
@@ -240,6 +226,18 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc,unused-ignore]
             f"{type(self._tier).__module__}:{type(self._tier).__qualname__}",
             context.namespace[:12],
         )
+
+    def _describe_medium(self, locality: str | None) -> None:
+        """vLLM's medium, hit source and locality of this instance, from its kvtier tier's medium
+        (``locality``: the configured one, else REMOTE for a remote tier)."""
+        medium, source = _MEDIUM.get(self._tier.medium, (Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED))
+        if getattr(self._tier, "p2p_serves", False):
+            source = CacheHitSource.P2P  # blocks from a peer's memory: vLLM's own p2p hit source
+        # Per instance: one adapter class fronts tiers of every medium.
+        self.medium = medium  # type: ignore[misc]  # a ClassVar in vLLM; per instance here
+        self.cache_hit_source = source  # type: ignore[misc]
+        locality = locality or ("REMOTE" if self._tier.medium == "REMOTE" else None)
+        self.locality = None if locality is None else Locality(locality)
 
     def _start_serving(self, primary_kv_view: memoryview) -> None:
         """Start the p2p block server when the tier asks for one (see :mod:`.serve`)."""

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
-from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import check_seconds
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.fs.layout import Layout
+from kvtier.tiers.fs.parts import FsOptions
 from kvtier.tiers.fs.policy import build_policy, policy_capacity
 from kvtier.tiers.fs.segment_index import idx_bytes
 from kvtier.tiers.fs.segments import record_size
-from kvtier.tiers.fs.trust import BlockMac, check_private_dir, load_secret
+from kvtier.tiers.fs.trust import check_private_dir, load_secret
 
 __all__ = [
     "SMALL_BLOCK_DEFAULT",
@@ -35,6 +34,7 @@ __all__ = [
     "check_choice",
     "check_max_bytes",
     "check_seconds",
+    "nearest_existing",
     "read_options",
     "root_path",
     "segment_cap",
@@ -50,27 +50,6 @@ SEG_MIN_RECORDS = 8
 _VERIFY = ("always", "never")
 _DIRECT = ("auto", "always", "never")
 _READ_IO = ("auto", "direct", "buffered")
-
-
-@dataclass(frozen=True, slots=True)
-class FsOptions:
-    """The fs tier's options, checked (see :func:`read_options`)."""
-
-    layout: Layout
-    max_bytes: int | None
-    policy: CachePolicy
-    verify: bool
-    fsync: bool
-    direct_io: str
-    full_backoff: float
-    record_access: bool
-    refresh_interval: float
-    precreate_dirs: bool
-    shared_root: bool
-    mac: BlockMac | None
-    read_io: str
-    #: Bytes one segment of the small-block path may grow to; ``None``: one file per block.
-    segment_cap: int | None
 
 
 def read_options(context: TierContext, a: Mapping[str, Any]) -> FsOptions:
@@ -136,14 +115,20 @@ def root_path(value: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(raw))
 
 
+def nearest_existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (a root not created yet is measured on the
+    file system that will hold it)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def check_max_bytes(max_bytes: int | None, root: str) -> None:
     """Refuse a ``max_bytes`` larger than the file system holding ``root`` (or its nearest
     existing ancestor)."""
     if max_bytes is None:
         return
-    probe = root
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
+    probe = nearest_existing(root)
     try:
         st = os.statvfs(probe)
     except OSError:

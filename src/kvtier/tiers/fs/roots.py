@@ -22,11 +22,11 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import BlockKey
-from kvtier.tiers.base import PolicyFactory, SimulationProfile, TierContext
+from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import Layout
-from kvtier.tiers.fs.options import root_path
+from kvtier.tiers.fs.options import nearest_existing, root_path
 
 __all__ = ["RootClass", "RootSpec", "RootTier", "check_fenced", "free_bytes", "read_roots"]
 
@@ -47,11 +47,8 @@ class RootSpec:
 def free_bytes(path: str) -> int:
     """Bytes available to this user on the file system holding ``path`` (or its nearest existing
     ancestor); 1 when it cannot be read (the root still gets a non-zero weight)."""
-    probe = path
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(nearest_existing(path))
     except OSError:
         return 1
     return max(st.f_bavail * st.f_frsize, 1)
@@ -161,14 +158,7 @@ class RootClass(Protocol):
 
     def __call__(self, **options: Any) -> RootTier: ...
     def check_options(self, context: TierContext, options: Mapping[str, Any]) -> None: ...
-    def simulation(
-        self,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-    ) -> SimulationProfile: ...
+    def simulate(self, request: SimulationRequest) -> SimulationProfile: ...
 
 
 def check_fenced(value: object, n: int) -> set[int]:

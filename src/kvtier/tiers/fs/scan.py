@@ -23,7 +23,7 @@ from collections.abc import Callable
 from kvtier.keys import BlockKey
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.fs.accounting import AccountingState
-from kvtier.tiers.fs.layout import ScanShard, ShardDirs
+from kvtier.tiers.fs.layout import ScanShard
 from kvtier.tiers.fs.parts import FsParts
 
 __all__ = ["TreeScanner"]
@@ -36,13 +36,12 @@ class TreeScanner:
     """The fs tier's maintenance thread: start-up scan, shared events, rescans (see module doc).
 
     Args:
-        parts: the tier's shared parts (name, layout, accounting, index, stats, log).
-        dirs: the shard directories known to exist (pre-created here).
-        max_bytes: the byte limit (``None`` = unbounded); a tree above it is trimmed after the scan.
+        parts: the tier's shared parts (name, layout, accounting, index, stats, log, the shard
+            directories, pre-created here); a tree above ``options.max_bytes`` is trimmed after the
+            scan, the shared event log is polled every ``options.refresh_interval`` seconds when idle.
         new_policy: builds an empty policy of a given capacity (the start-up scan rebuilds the
             policy in global access order).
         make_room: evicts to free bytes inside a section (the store path's eviction).
-        refresh_interval: seconds between two polls of the shared event log when idle.
         precreate_dirs: create every shard directory once the scan is done.
 
     Call :meth:`start` once; :meth:`request_stop` then :meth:`join` to end the thread. The tier
@@ -53,16 +52,10 @@ class TreeScanner:
         self,
         parts: FsParts,
         *,
-        dirs: ShardDirs,
-        max_bytes: int | None,
         new_policy: Callable[[int], CachePolicy],
         make_room: Callable[[AccountingState, int], int],
-        refresh_interval: float,
         precreate_dirs: bool,
     ) -> None:
-        self.dirs = dirs
-        self.max_bytes = max_bytes
-        self.refresh_interval = refresh_interval
         self.precreate_dirs = precreate_dirs
         self._new_policy = new_policy
         self._make_room = make_room
@@ -113,7 +106,7 @@ class TreeScanner:
                 )
         self.tree_ready.set()
         while not self._stopping:
-            self._wake.wait(self.refresh_interval)
+            self._wake.wait(self.parts.options.refresh_interval)
             self._wake.clear()
             if self._stopping:
                 return
@@ -139,7 +132,7 @@ class TreeScanner:
         for top in range(layout.top_count):
             if self._stopping:
                 return
-            self.dirs.precreate_top(layout.top_dir(top))
+            self.parts.dirs.precreate_top(layout.top_dir(top))
             if self.parts.accounting.events_changed():  # stay responsive to the other processes meanwhile
                 with self.parts.accounting.section():
                     pass
@@ -229,7 +222,8 @@ class TreeScanner:
             if plan is not None:
                 self._adopt_locked(st, *plan)
             index.tombstones.clear()
-            over = st.usage - self.max_bytes if self.max_bytes is not None else 0
+            limit = self.parts.options.max_bytes
+            over = st.usage - limit if limit is not None else 0
         if over > 0:  # max_bytes was lowered since the last run
             with self.parts.accounting.section() as st:
                 self._make_room(st, over)

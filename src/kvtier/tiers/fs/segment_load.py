@@ -12,11 +12,10 @@ segment that vanished (reclaimed by another process) or is not a regular file of
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Callable
 
 from kvtier import codec
 from kvtier.keys import BlockKey
@@ -41,28 +40,15 @@ class SegmentReader:
     """Reads of the small-block path (worker threads); ``index.lock`` guards ``seg_map``.
 
     Args:
-        parts: the tier's shared parts (name, layout, index, stats, log, MAC).
+        parts: the tier's shared parts (name, layout, index, stats, log, MAC, the primary rows);
+            with ``options.verify`` every payload checksum is checked (headers and MACs always).
         seg_map: where each block is. seg_dir: the segment files (cached read descriptors).
-        rows: the primary buffer as rows; block_bytes: payload bytes per block.
-        verify: check every payload checksum (headers and MACs are always checked).
     """
 
-    def __init__(
-        self,
-        parts: FsParts,
-        seg_map: SegmentMap,
-        seg_dir: SegmentDir,
-        *,
-        rows: npt.NDArray[np.uint8],
-        block_bytes: int,
-        verify: bool,
-    ) -> None:
+    def __init__(self, parts: FsParts, seg_map: SegmentMap, seg_dir: SegmentDir) -> None:
         self.parts = parts
         self.map = seg_map
         self.dir = seg_dir
-        self.rows = rows
-        self.block_bytes = block_bytes
-        self.verify = verify
         self._lock = parts.index.lock
 
     def read_chunk(self, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
@@ -93,15 +79,14 @@ class SegmentReader:
             i = j
         with self._lock:
             self.parts.index.touch_locked(ok, time.time())
-        return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
+        return ChunkOutcome(ok, len(ok) * self.parts.block_bytes, error)
 
     def _read_run(self, run: list[tuple[Loc, BlockKey, int]]) -> list[tuple[BlockKey, str | None]]:
         """One ``preadv`` for back-to-back records; a short read falls back to one read each."""
         if len(run) == 1:
             loc, key, slot = run[0]
             return [(key, self._load_one(key, slot, loc))]
-        name = run[0][0][0]
-        bb = self.block_bytes
+        name, rows, bb = run[0][0][0], self.parts.rows, self.parts.block_bytes
         try:
             fd = self.dir.acquire(name)
         except OSError:
@@ -110,7 +95,7 @@ class SegmentReader:
             heads = [bytearray(loc[2] - bb) for loc, _, _ in run]
             iov: list[bytearray | memoryview] = []
             for head, (_, _, slot) in zip(heads, run, strict=True):
-                iov += (head, self.rows[slot, :bb].data)
+                iov += (head, rows[slot, :bb].data)
             try:
                 got = os.preadv(fd, iov, run[0][0][1])
             except OSError:
@@ -119,22 +104,17 @@ class SegmentReader:
             self.dir.release(name, fd)
         if got != sum(loc[2] for loc, _, _ in run):  # a torn or shrunken segment: find which
             return [(key, self._load_one(key, slot, loc)) for loc, key, slot in run]
-        return [(key, self._checked(key, name, head, self.rows[slot, :bb].data))
+        return [(key, self._checked(key, name, head, rows[slot, :bb].data))
                 for head, (_, key, slot) in zip(heads, run, strict=True)]  # fmt: skip
 
     def _load_one(self, key: BlockKey, slot: int, loc: Loc, retry: bool = True) -> str | None:
         name, off, length = loc
-        out = self.rows[slot, : self.block_bytes].data
+        out = self.parts.rows[slot, : self.parts.block_bytes].data
         try:
             fd = self.dir.acquire(name)
         except ForeignFileError as exc:
-            self.parts.rlog.warning(
-                "foreign", f"kvtier fs {self.parts.name}: ignoring {exc.filename} ({exc.reason})"
-            )
-            with self._lock:
-                self.parts.stats.corrupt += 1
-                self.map.drop_segment_locked(name)
-            return f"foreign: {exc.reason}"
+            forget = functools.partial(self.map.drop_segment_locked, name)
+            return self._bad("foreign", f"ignoring {exc.filename} ({exc.reason})", exc.reason, forget)
         except FileNotFoundError:
             with self._lock:
                 now = self.map.locs.get(key)
@@ -146,7 +126,7 @@ class SegmentReader:
         except OSError as exc:
             return f"read error: {exc.strerror or exc}"
         try:
-            head = bytearray(length - self.block_bytes)
+            head = bytearray(length - self.parts.block_bytes)
             got = os.preadv(fd, [head, out], off)
         except OSError as exc:
             return f"read error: {exc.strerror or exc}"
@@ -160,7 +140,7 @@ class SegmentReader:
 
     def _checked(self, key: BlockKey, name: SegmentName, head: bytearray, out: memoryview) -> str | None:
         """``None`` if ``head`` + ``out`` is exactly ``key``'s block, else the reason (counted)."""
-        bb = self.block_bytes
+        bb = self.parts.block_bytes
         ns_tag = self.parts.layout.ns_tag
         csum = int.from_bytes(head[_CSUM], "little")
         end = codec.FIXED_HEADER_SIZE + len(key)
@@ -174,17 +154,23 @@ class SegmentReader:
                 len(head) < end + MAC_LEN or not mac.check(head[:end], out, bytes(head[end : end + MAC_LEN]))
             ):
                 raise codec.CorruptBlockError("mac", "MAC does not verify (not written with this secret)")
-            if self.verify and codec.payload_checksum(key, ns_tag, out) != csum:
+            if self.parts.options.verify and codec.payload_checksum(key, ns_tag, out) != csum:
                 raise codec.CorruptBlockError("checksum", "payload checksum mismatch")
         except codec.CorruptBlockError as exc:
             return self._corrupt(key, name, exc)
         return None
 
     def _corrupt(self, key: BlockKey, name: SegmentName, exc: codec.CorruptBlockError) -> str:
-        self.parts.rlog.warning(
-            "corrupt", f"kvtier fs {self.parts.name}: corrupt record in segment {name.stem} ({exc.reason})"
+        forget = functools.partial(self.map.forget_locked, key)
+        return self._bad(
+            "corrupt", f"corrupt record in segment {name.stem} ({exc.reason})", exc.reason, forget
         )
+
+    def _bad(self, kind: str, what: str, reason: str, forget: Callable[[], None]) -> str:
+        """Log ``what`` (rate-limited by ``kind``), count a corrupt block and ``forget`` the bad
+        record or segment (tier lock held); returns the chunk's error, ``"<kind>: <reason>"``."""
+        self.parts.rlog.warning(kind, f"kvtier fs {self.parts.name}: {what}")
         with self._lock:
             self.parts.stats.corrupt += 1
-            self.map.forget_locked(key)
-        return f"corrupt: {exc.reason}"
+            forget()
+        return f"{kind}: {reason}"

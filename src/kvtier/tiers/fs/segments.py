@@ -33,14 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
 from kvtier import codec
 from kvtier.errors import KvtierError
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
-from kvtier.tiers.backpressure import StoreGate
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.safe import ForeignFileError
 from kvtier.tiers.fs.segment_files import SegmentDir
@@ -95,49 +91,23 @@ class SegmentStore:
 
     Args:
         parts: the tier's shared parts; ``index.lock`` guards the index, the stats and this
-            store's maps.
-        rows: the primary buffer as rows; block_bytes: payload bytes per block.
-        gate: the tier's store gate (paused on ``ENOSPC``). full_backoff: its pause in seconds.
-        max_bytes: the byte limit (``None`` = unbounded). segment_bytes: the cap of new segments.
-        fsync: ``fdatasync`` data, then index, before a store is reported.
-        verify: check payload checksums on load (headers and MACs are always checked).
+            store's maps. Of its options: ``max_bytes`` bounds the segments, ``fsync`` syncs data,
+            then index, before a store is reported, ``verify`` checks payload checksums on load,
+            ``full_backoff`` pauses the store gate on ``ENOSPC``.
+        segment_bytes: the cap of new segments.
         owners: uids whose files count as ours (``None``: a shared root).
     """
 
-    def __init__(
-        self,
-        parts: FsParts,
-        *,
-        rows: npt.NDArray[np.uint8],
-        block_bytes: int,
-        gate: StoreGate,
-        full_backoff: float,
-        max_bytes: int | None,
-        segment_bytes: int,
-        fsync: bool,
-        verify: bool,
-        owners: frozenset[int] | None,
-        refresh_interval: float,
-    ) -> None:
+    def __init__(self, parts: FsParts, *, segment_bytes: int, owners: frozenset[int] | None) -> None:
         self.parts = parts
-        self.rows = rows
-        self.block_bytes = block_bytes
-        self.gate = gate
-        self.full_backoff = full_backoff
-        self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
-        self.fsync = fsync
-        self.verify = verify
-        self.refresh_interval = refresh_interval
         self._lock = parts.index.lock
-        self._headers = codec.HeaderMaker(parts.layout.ns_tag, block_bytes, _ALIGN)
+        self._headers = codec.HeaderMaker(parts.layout.ns_tag, parts.block_bytes, _ALIGN)
         self._token = parts.accounting.token
         self.dir = SegmentDir(parts.layout.ns_dir, owners)
         #: Where each small block is (tier lock).
         self.map = SegmentMap(parts, self.dir)
-        self.reader = SegmentReader(
-            parts, self.map, self.dir, rows=rows, block_bytes=block_bytes, verify=verify
-        )
+        self.reader = SegmentReader(parts, self.map, self.dir)
         self._wlock = threading.Lock()
         self._active: _Active | None = None
         #: Our segments still written to (the active one, retired ones with writes in flight).
@@ -177,7 +147,7 @@ class SegmentStore:
         report(state)
 
     def _header(self, key: bytes, payload: memoryview) -> bytes:
-        n = self.block_bytes
+        n = self.parts.block_bytes
         ns_tag = self.parts.layout.ns_tag
         mac = self.parts.mac
         if mac is None:  # the common case, in a third of the calls (record_size: _ALIGN padding)
@@ -198,7 +168,7 @@ class SegmentStore:
             with self._lock:
                 for key, _ in items:
                     self.parts.index.storing.discard(key)
-        return ChunkOutcome(done, self.block_bytes * len(done), error)
+        return ChunkOutcome(done, self.parts.block_bytes * len(done), error)
 
     def write_jobs(self, states: list[JobState]) -> list[ChunkOutcome]:
         """Write several whole store jobs as one batch (one ``pwritev`` and one index append per
@@ -207,7 +177,7 @@ class SegmentStore:
         items = [item for state in states for item in state.items]
         done, error = self._write_items(items)
         ok = set(done)
-        bb = self.block_bytes
+        bb = self.parts.block_bytes
         out = []
         for state in states:
             mine = [key for key, _ in state.items if key in ok]
@@ -217,8 +187,8 @@ class SegmentStore:
     def _write_items(self, items: list[tuple[BlockKey, int]]) -> tuple[list[BlockKey], str | None]:
         """Append the records of ``items`` and index them: (keys stored, the error that stopped
         the rest). ``storing`` is left to the caller."""
-        bb = self.block_bytes
-        recs = [(key, self._header(key, self.rows[slot, :bb].data), self.rows[slot, :bb].data)
+        rows, bb = self.parts.rows, self.parts.block_bytes
+        recs = [(key, self._header(key, rows[slot, :bb].data), rows[slot, :bb].data)
                 for key, slot in items]  # fmt: skip
         done: list[BlockKey] = []
         error: str | None = None
@@ -247,7 +217,7 @@ class SegmentStore:
     def _append(
         self, seg: _Active, off: int, recs: list[tuple[BlockKey, bytes, memoryview]]
     ) -> list[tuple[BlockKey, int, int]]:
-        bb = self.block_bytes
+        bb = self.parts.block_bytes
         iov: list[bytes | memoryview] = []
         placed: list[tuple[BlockKey, int, int]] = []
         o = off
@@ -256,10 +226,10 @@ class SegmentStore:
             placed.append((key, o, len(head) + bb))
             o += len(head) + bb
         _pwrite_all(seg.wfd, iov, off)
-        if self.fsync:
+        if self.parts.options.fsync:
             os.fdatasync(seg.wfd)  # the data is durable before an index record can point at it
         os.write(seg.ifd, b"".join(encode_record(IndexRecord(k, o_, n)) for k, o_, n in placed))
-        if self.fsync:
+        if self.parts.options.fsync:
             os.fdatasync(seg.ifd)
         return placed
 
@@ -317,9 +287,10 @@ class SegmentStore:
         with self.parts.accounting.section():
             self.refresh()
             listing = self.dir.listing()
-            if self.max_bytes is not None:
+            limit = self.parts.options.max_bytes
+            if limit is not None:
                 used = sum(n.cap for n in listing)
-                while used + self.segment_bytes > self.max_bytes:
+                while used + self.segment_bytes > limit:
                     victim = self._pick_victim(set(listing), sum(len(b) for _, b in carry))
                     carry += self._reclaim(victim)
                     listing.pop(victim, None)
@@ -348,7 +319,7 @@ class SegmentStore:
         for key, blob in carry:
             placed.append((key, off, len(blob)))
             off += len(blob)
-        if self.fsync:
+        if self.parts.options.fsync:
             os.fdatasync(seg.wfd)
         os.write(seg.ifd, b"".join(encode_record(IndexRecord(k, o, n)) for k, o, n in placed))
         seg.size = off
@@ -373,7 +344,7 @@ class SegmentStore:
         candidates = [n for n in present if self._sealed(n)]
         if not candidates:
             raise _NoRoom
-        batch = max(1, self.segment_bytes // (4 * record_size(16, self.block_bytes, False)))
+        batch = max(1, self.segment_bytes // (4 * record_size(16, self.parts.block_bytes, False)))
         while True:
             with self._lock:
                 victim = min(candidates, key=lambda n: (self.map.live_locked(n), n.seq))
@@ -404,7 +375,7 @@ class SegmentStore:
                 blob = data[off : off + n]
                 try:
                     codec.parse_header(blob, expected_key=key, ns_tag=self.parts.layout.ns_tag,
-                                       payload_len=self.block_bytes)  # fmt: skip
+                                       payload_len=self.parts.block_bytes)  # fmt: skip
                 except codec.CorruptBlockError:
                     continue
                 if len(blob) == n:
@@ -457,7 +428,7 @@ class SegmentStore:
         finally:
             os.close(fd)
         recs, used = decode_records(data)
-        bb = self.block_bytes
+        bb = self.parts.block_bytes
         lo = codec.FIXED_HEADER_SIZE
         # Records that cannot be of this namespace's block size, or lie past the cap, are never read.
         good = [
@@ -481,7 +452,7 @@ class SegmentStore:
                 self.dir.unlink(name.idx)
 
     def _poll(self) -> None:
-        while not self._stop.wait(self.refresh_interval):
+        while not self._stop.wait(self.parts.options.refresh_interval):
             try:
                 self.refresh()
             except Exception:  # never takes the tier down; the next round retries
@@ -497,7 +468,7 @@ class SegmentStore:
     # -- failures, stats, shutdown ------------------------------------------------------------------------
     def _failed(self, exc: OSError) -> str:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.gate.pause(self.full_backoff, "disk full: store dropped (back-pressure)")
+            self.parts.gate.pause(self.parts.options.full_backoff, "disk full: store dropped (back-pressure)")
         self.parts.rlog.warning("segwrite", f"kvtier fs {self.parts.name}: segment write failed: {exc}")
         return f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
 

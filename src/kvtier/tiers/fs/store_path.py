@@ -26,17 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
 from kvtier import codec
 from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
-from kvtier.tiers.backpressure import StoreGate
 from kvtier.tiers.fs.accounting import AccountingState
 from kvtier.tiers.fs.batchwrite import BatchWriter, WriteItem, open_writer
 from kvtier.tiers.fs.io import SlotAlignment, fsync_dir, write_block
-from kvtier.tiers.fs.layout import HEADER_ALIGN, ShardDirs
+from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.parts import FsParts
 
 __all__ = ["StorePath", "StoreProgress"]
@@ -69,12 +65,10 @@ class StorePath:
     """Reservation, eviction, temp files and publication of the fs tier's stores (see module doc).
 
     Args:
-        parts: the tier's shared parts (name, layout, accounting, index, stats, log).
-        dirs: the shard directories known to exist.
-        gate: the tier's store gate (paused on ``ENOSPC`` for ``full_backoff`` seconds).
-        rows: the primary buffer as rows; block_bytes: payload bytes per block.
-        max_bytes: the byte limit (``None`` = unbounded).
-        direct_io: ``O_DIRECT`` writes when a slot is aligned. fsync: sync files and directories.
+        parts: the tier's shared parts (name, layout, accounting, index, stats, log, shard
+            directories, store gate, primary rows) and options (``max_bytes``, ``fsync``: sync
+            files and directories, ``full_backoff``: the gate's pause on ``ENOSPC``).
+        direct_io: ``O_DIRECT`` writes when a slot is aligned.
         write_file: writes one temp file ``(tmp, key, slot)``; raises ``OSError`` (a tier whose
             seam fault-injection tests override passes it; ``None``: :meth:`write_file`, and whole
             chunks through the batched writer of :mod:`.batchwrite` where it is available).
@@ -85,34 +79,20 @@ class StorePath:
         self,
         parts: FsParts,
         *,
-        dirs: ShardDirs,
-        gate: StoreGate,
-        rows: npt.NDArray[np.uint8],
-        block_bytes: int,
-        max_bytes: int | None,
         direct_io: bool,
-        fsync: bool,
-        full_backoff: float,
         write_file: Callable[[str, BlockKey, int], None] | None,
         on_published: Callable[[JobState, ChunkOutcome], None],
     ) -> None:
-        self.dirs = dirs
-        self.gate = gate
-        self.rows = rows
-        self.block_bytes = block_bytes
-        self.max_bytes = max_bytes
         self.direct_io = direct_io
-        self.fsync = fsync
-        self.full_backoff = full_backoff
-        self._align = SlotAlignment(rows)
+        self._align = SlotAlignment(parts.rows)
         self._write = write_file or self.write_file
         # The batched writer (one GIL-free call per chunk) unless the seam is overridden; a shared
         # root's blocks carry a MAC, written on the Python path only.
         self._batch: BatchWriter | None = None
         if write_file is None and parts.mac is None:
             self._batch = open_writer(
-                parts.accounting.tmp_fd, rows, payload_len=block_bytes, ns_tag=parts.layout.ns_tag,
-                fsync=fsync,
+                parts.accounting.tmp_fd, parts.rows, payload_len=parts.block_bytes,
+                ns_tag=parts.layout.ns_tag, fsync=parts.options.fsync,
             )  # fmt: skip
         self._on_published = on_published
         self.parts = parts
@@ -169,7 +149,7 @@ class StorePath:
                 finally:
                     progress.settled.add(key)
                 try:
-                    self.dirs.ensure_for(final)
+                    self.parts.dirs.ensure_for(final)
                 except OSError as exc:  # publish retries it and fails the block cleanly
                     error = self._section_failed(exc)
         except OSError as exc:  # accounting file trouble: fail the chunk, never raise
@@ -195,7 +175,7 @@ class StorePath:
         batch = self._batch
         rest: range | list[int] = range(len(todo))
         if batch is not None:
-            direct = self.direct_io and self.block_bytes % HEADER_ALIGN == 0
+            direct = self.direct_io and self.parts.block_bytes % HEADER_ALIGN == 0
             picked = [
                 i for i, (key, slot, _, _) in enumerate(todo)
                 if len(key) <= _ONE_PAGE_KEY and (not direct or self._align.aligned(slot))
@@ -220,12 +200,13 @@ class StorePath:
 
     def write_file(self, tmp: str, key: BlockKey, slot: int) -> None:
         """Write ``key``'s block file from primary slot ``slot`` to ``tmp`` (raises ``OSError``)."""
-        payload = self.rows[slot, : self.block_bytes]
-        direct = self.direct_io and self.block_bytes % HEADER_ALIGN == 0 and self._align.aligned(slot)
+        bb = self.parts.block_bytes
+        payload = self.parts.rows[slot, :bb]
+        direct = self.direct_io and bb % HEADER_ALIGN == 0 and self._align.aligned(slot)
         acct = self.parts.accounting
         write_block(
             tmp.rpartition("/")[2], key, payload.data, self.parts.layout.ns_tag, direct=direct,
-            fsync=self.fsync, dir_fd=acct.tmp_fd, mac=self.parts.mac,
+            fsync=self.parts.options.fsync, dir_fd=acct.tmp_fd, mac=self.parts.mac,
         )  # fmt: skip
 
     # -- after the last chunk (worker thread) ---------------------------------------------------
@@ -352,9 +333,9 @@ class StorePath:
         with self.parts.accounting.section() as st:
             me = self.parts.accounting.me(st)
             n = len(sizes)
-            free = None
-            if self.max_bytes is not None:
-                free = self.max_bytes - st.usage
+            free, limit = None, self.parts.options.max_bytes
+            if limit is not None:
+                free = limit - st.usage
                 if free < sum(sizes):
                     free += self.make_room(st, sum(sizes) - free)
                 while n and sum(sizes[:n]) > free:
@@ -395,7 +376,8 @@ class StorePath:
         with self._lock:
             queued = [j for j in self._grant_q if j.extra.granted is None]
             self._grant_q.clear()
-        free = None if self.max_bytes is None else self.max_bytes - st.usage
+        limit = self.parts.options.max_bytes
+        free = None if limit is None else limit - st.usage
         more, total = self._fitting(queued, free)
         me = self.parts.accounting.me(st)
         me["reserved"] = int(me["reserved"]) + total
@@ -425,11 +407,11 @@ class StorePath:
                     for key, _ in state.items:
                         self.parts.index.storing.discard(key)
                     err = error if mine_written else None  # only jobs that wrote saw the failure
-                    self._on_published(state, ChunkOutcome(mine, self.block_bytes * len(mine), err))
+                    self._on_published(state, ChunkOutcome(mine, self.parts.block_bytes * len(mine), err))
 
     def _publish(self, written: list[Written]) -> list[BlockKey]:
         for _, _, final, _ in written:
-            self.dirs.ensure_for(final)  # normally done already; cheap set lookup then
+            self.parts.dirs.ensure_for(final)  # normally done already; cheap set lookup then
         ok: list[BlockKey] = []
         # Non-blocking: a thread reserving holds the grant lock while it waits for the section
         # we hold, so waiting here could deadlock; it is held until the grants are marked, so a
@@ -442,7 +424,7 @@ class StorePath:
         finally:
             if granting:
                 self._grant_lock.release()
-        if self.fsync:
+        if self.parts.options.fsync:
             for d in {os.path.dirname(f) for _, _, f, _ in written}:
                 fsync_dir(d)
         return ok
@@ -484,7 +466,7 @@ class StorePath:
     # -- failures --------------------------------------------------------------------------------
     def _section_failed(self, exc: OSError) -> str:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.gate.pause(self.full_backoff, DISK_FULL)
+            self.parts.gate.pause(self.parts.options.full_backoff, DISK_FULL)
         error = f"{type(exc).__name__}: {exc}"
         self.parts.rlog.warning("acct", f"kvtier fs {self.parts.name}: store failed: {error}")
         return error
@@ -504,7 +486,7 @@ class StorePath:
         with contextlib.suppress(OSError):
             self.parts.accounting.release(size)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.gate.pause(self.full_backoff, DISK_FULL)
+            self.parts.gate.pause(self.parts.options.full_backoff, DISK_FULL)
             self.parts.rlog.warning(
                 "enospc",
                 f"kvtier fs {self.parts.name}: disk full under {self.parts.layout.ns_dir}; dropping stores",

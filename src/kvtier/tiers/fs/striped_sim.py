@@ -11,37 +11,26 @@ rendezvous placement the roots fill evenly, so the difference is small).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import replace
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
-from kvtier.tiers.base import UNBOUNDED_BLOCKS, PolicyFactory, SimulationProfile, whole_job
+from kvtier.tiers.base import UNBOUNDED_BLOCKS, SimulationProfile, SimulationRequest, whole_job
 from kvtier.tiers.fs.roots import RootClass, check_fenced
 
 __all__ = ["simulate_striped"]
 
 
-def simulate_striped(
-    options: Mapping[str, Any],
-    *,
-    block_bytes: int,
-    policy_factory: PolicyFactory,
-    key_path: str,
-    root_cls: RootClass,
-    medium: str,
-) -> SimulationProfile:
-    """The striped tier's :class:`~kvtier.tiers.base.SimulationProfile` (see the module doc)."""
+def simulate_striped(request: SimulationRequest, root_cls: RootClass, medium: str) -> SimulationProfile:
+    """The striped tier's :class:`~kvtier.tiers.base.SimulationProfile` for ``request`` (its
+    ``options`` the striped ones, :func:`~kvtier.tiers.fs.tier.as_striped`; see the module doc)."""
+    options = request.options
     roots = options.get("root_dirs") or []
-    where = f"{key_path}.root_dirs" if key_path else "root_dirs"
+    where = request.key("root_dirs")
     if isinstance(roots, str) or not isinstance(roots, Sequence) or not roots:
         raise ConfigError(where, "expected a non-empty list of directories")
     fenced = check_fenced(options.get("simulate_fenced"), len(roots))
-    raw_total = options.get("max_bytes")
-    total = (
-        None
-        if raw_total is None
-        else parse_size(raw_total, f"{key_path}.max_bytes" if key_path else "max_bytes")
-    )
+    total = request.size("max_bytes")
     own: list[int | None] = []
     for i, r in enumerate(roots):
         size = r.get("max_bytes") if isinstance(r, Mapping) else None
@@ -59,16 +48,8 @@ def simulate_striped(
         if size is None:
             capacity = None
             break
-        one = root_cls.simulation(
-            {**base, "max_bytes": size}, block_bytes=block_bytes, policy_factory=policy_factory,
-            key_path=key_path,
-        )  # fmt: skip
+        one = root_cls.simulate(replace(request, options={**base, "max_bytes": size}))
         capacity = (capacity or 0) + (one.capacity_blocks or 0)
     held = None if capacity is None else max(capacity, 1)
-    policy = policy_factory(
-        str(options.get("eviction_policy", "lru")),
-        UNBOUNDED_BLOCKS if held is None else held + 1,
-        options.get("policy_options") or {},
-        key_path=key_path,
-    )
+    policy = request.policy(UNBOUNDED_BLOCKS if held is None else held + 1)
     return SimulationProfile(held, policy, whole_job, medium)

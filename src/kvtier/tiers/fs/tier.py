@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
-from kvtier.config import parse_size
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
@@ -49,7 +48,7 @@ from kvtier.numbers import BYTES, SECONDS, Ranges
 from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
-from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext
+from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
 from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
@@ -216,7 +215,7 @@ class FsTier(AsyncTier):
         self.layout, self.max_bytes, self.verify, self.fsync = o.layout, o.max_bytes, o.verify, o.fsync
         self.full_backoff, self.record_access = o.full_backoff, o.record_access
         self.refresh_interval, self.shared_root = o.refresh_interval, o.shared_root
-        precreate, direct_io, mac, policy = o.precreate_dirs, o.direct_io, o.mac, o.policy
+        precreate, direct_io, policy = o.precreate_dirs, o.direct_io, o.policy
         read_io, seg_cap = o.read_io, o.segment_cap
         small = seg_cap is not None
         self._policy_name = eviction_policy
@@ -231,7 +230,10 @@ class FsTier(AsyncTier):
         self.precreate_dirs = precreate and not small and self.layout.precreate_worthwhile(present)
         self.index = FsIndex(self._lock, policy, present, self.layout, self.removals)
         self.shard_dirs = ShardDirs(self.accounting.tree)
-        parts = FsParts(self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, mac)
+        parts = FsParts(
+            self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, o, self.rows,
+            self.store_gate, self.shard_dirs,
+        )  # fmt: skip
         self._build_paths(parts)
         #: The small-block path (``None``: one file per block).
         self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
@@ -275,11 +277,9 @@ class FsTier(AsyncTier):
     def _build_paths(self, parts: FsParts) -> None:
         """The store path, the load path and the tree scanner, over the same parts."""
         self._store = StorePath(
-            parts, dirs=self.shard_dirs, gate=self.store_gate, rows=self.rows,
-            block_bytes=self.block_bytes, max_bytes=self.max_bytes, direct_io=self.direct_io,
-            fsync=self.fsync, full_backoff=self.full_backoff,  # batched writes unless the seam is overridden
+            parts, direct_io=self.direct_io, on_published=self._published_locked,
+            # batched writes (one C call per chunk) unless a subclass overrides the write seam
             write_file=None if type(self)._write_file is FsTier._write_file else self._write_file,
-            on_published=self._published_locked,
         )  # fmt: skip
         self._load = LoadPath(
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
@@ -290,20 +290,14 @@ class FsTier(AsyncTier):
             # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
             self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
         self._scanner = TreeScanner(
-            parts, dirs=self.shard_dirs, max_bytes=self.max_bytes, new_policy=self._new_policy,
-            make_room=self._store.make_room, refresh_interval=self.refresh_interval,
+            parts, new_policy=self._new_policy, make_room=self._store.make_room,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
 
     def _open_segments(self, parts: FsParts, seg_cap: int) -> SegmentStore:
         """The small-block path's segment store (the accounting is closed if it cannot open)."""
         try:
-            return SegmentStore(
-                parts, rows=self.rows, block_bytes=self.block_bytes, gate=self.store_gate,
-                full_backoff=self.full_backoff, max_bytes=self.max_bytes, segment_bytes=seg_cap,
-                fsync=self.fsync, verify=self.verify, owners=self.accounting.tree.owners,
-                refresh_interval=self.refresh_interval,
-            )  # fmt: skip
+            return SegmentStore(parts, segment_bytes=seg_cap, owners=self.accounting.tree.owners)
         except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
             self.accounting.close()
             raise ConfigError(
@@ -338,15 +332,7 @@ class FsTier(AsyncTier):
 
     # -- simulation -------------------------------------------------------------------------
     @classmethod
-    def simulation(
-        cls,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-        primary: PrimaryProfile | None = None,
-    ) -> SimulationProfile:
+    def simulate(cls, request: SimulationRequest) -> SimulationProfile:
         """The fs tier as the simulator sees it: ``max_bytes`` holds ``max_bytes // file_size``
         block files (header of a 16-byte key aligned to 4 KiB, then the payload); the policy is
         sized and built as :meth:`__init__` builds it. Room is made once per store job: the first
@@ -356,22 +342,18 @@ class FsTier(AsyncTier):
         path (``block_bytes <= small_block_bytes``) are modelled approximately: the capacity is the
         records the segments hold, but real eviction is by segment with compaction. With
         ``root_dirs`` the striped model answers (:mod:`kvtier.tiers.fs.striped_sim`)."""
-        striped = as_striped(options)
+        striped = as_striped(request.options)
         if striped is not None:
             from kvtier.tiers.fs.roots import RootClass
             from kvtier.tiers.fs.striped_sim import simulate_striped
 
             return simulate_striped(
-                striped, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path,
-                root_cls=cast(RootClass, cls), medium=cls.medium,
-            )  # fmt: skip
-        profile = super().simulation(
-            options, block_bytes=block_bytes, policy_factory=policy_factory, key_path=key_path
-        )
-        raw = options.get("max_bytes")
-        if raw is None:
+                dataclasses.replace(request, options=striped), cast(RootClass, cls), cls.medium
+            )
+        profile = super().simulate(request)
+        max_bytes, block_bytes, options = request.size("max_bytes"), request.block_bytes, request.options
+        if max_bytes is None:
             return profile
-        max_bytes = parse_size(raw, f"{key_path}.max_bytes" if key_path else "max_bytes")
         per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
         small = options.get("small_block_bytes", SMALL_BLOCK_DEFAULT)
         if block_bytes <= small_block_limit(small):
@@ -387,11 +369,7 @@ class FsTier(AsyncTier):
 
     # -- lookups (engine thread; dict membership only) ---------------------------------------
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
-        self.stats.lookups += 1
-        answer = self.index.answer(key)
-        if answer is LookupResult.HIT:
-            self.stats.hits += 1
-        return answer
+        return self.stats.counted(self.index.answer(key))
 
     def lookup_many(self, keys: Sequence[BlockKey], req_context: Any = None) -> list[LookupResult]:
         index = self.index

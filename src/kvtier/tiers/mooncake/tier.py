@@ -88,13 +88,29 @@ from kvtier.tiers.remote.errors import ErrorMap, RemoteFullError
 from kvtier.tiers.remote.options import RemoteOptions
 from kvtier.transfer.workers import Priority
 
-__all__ = ["HEADER_ROW", "MooncakeTier"]
+__all__ = ["HEADER_ROW", "MooncakeTier", "require_client"]
 
 Item = tuple[BlockKey, int]
 #: Bytes of one header-arena row: block keys up to ``HEADER_ROW - 40`` bytes fit.
 HEADER_ROW = 1024
 _PROBE_BYTES = 64
 _DEADLINE_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+
+
+#: The options :meth:`MooncakeTier.config_info` shows, in this order.
+_SHOWN = (
+    "master_server_addr", "metadata_server", "protocol", "key_prefix", "tenant_id", "replica_num",
+    "global_segment_size",
+)  # fmt: skip
+
+
+def require_client() -> None:
+    """Refuse (``ConfigError`` on ``type``, naming the extra) when the Mooncake client is not
+    installed: checked before anything is built, and by ``kvtier check``."""
+    if importlib.util.find_spec("mooncake") is None:
+        raise ConfigError(
+            "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
+        )
 
 
 def mooncake_hint(message: str, env: Mapping[str, str]) -> str | None:
@@ -118,20 +134,13 @@ class MooncakeTier(RemoteTier):
     spreads_jobs: ClassVar[bool] = False
 
     def __init__(self, *, primary_kv_view: memoryview, context: TierContext, **config: Any) -> None:
+        require_client()
         super().__init__(primary_kv_view=primary_kv_view, context=context, **config)
         o = self.options
-        self.master_server_addr, self.metadata_server = str(o.master_server_addr), str(o.metadata_server)
-        self.local_hostname, self.protocol, self.rdma_devices = o.local_hostname, o.protocol, o.rdma_devices
-        self.local_buffer_size, self.global_segment_size = o.local_buffer_size, o.global_segment_size
-        self.replica_num, self.key_prefix, self.tenant_id = o.replica_num, o.key_prefix, o.tenant_id
-        self.staging_max_block, self.store_staging_max_block = o.staging_max_block, o.store_staging
-        if importlib.util.find_spec("mooncake") is None:
-            raise ConfigError(
-                "type", "the mooncake tier needs the Mooncake client: pip install 'kvtier[mooncake]'"
-            )
         if not self.rows.flags.c_contiguous:
             raise MisuseError(f"tier {self.name!r}: the primary buffer must be C-contiguous to register it")
-        self._prefix = f"{self.key_prefix}/{context.namespace}/"
+        self.key_prefix = o.key_prefix
+        self._prefix = f"{o.key_prefix}/{context.namespace}/"
         self._row_stride = int(self.rows.strides[0])
         # One header row per primary slot (a slot is in at most one job of this tier at a time, so
         # its row is never shared between jobs), plus one row for the breaker's probe.
@@ -145,8 +154,8 @@ class MooncakeTier(RemoteTier):
         # then [end of row s-1 | slot s], one zero-copy piece; only slot 0 is staged.
         self._in_place = self._row_stride - -(-self.block_bytes // 4096) * 4096 >= HEADER_ROW
         # One piece per object (in place or staged) rather than two (header row + slot).
-        self._one_piece_get = self._in_place or self.block_bytes <= self.staging_max_block
-        self._one_piece_put = self._in_place or self.block_bytes <= self.store_staging_max_block
+        self._one_piece_get = self._in_place or self.block_bytes <= o.staging_max_block
+        self._one_piece_put = self._in_place or self.block_bytes <= o.store_staging
         self._stages: list[np.ndarray] = []  # per-worker staging rows, registered with the store
         self._stage_local = threading.local()
         # Base addresses, read once (``ndarray.ctypes`` costs microseconds per access).
@@ -154,6 +163,12 @@ class MooncakeTier(RemoteTier):
         self._flat = self.rows.reshape(-1)
         self._mv = self._flat.data  # slicing a memoryview costs a fraction of an ndarray's
         self._arena_ptr = int(self._arena.ctypes.data)
+
+    @classmethod
+    def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
+        """The constructor's checks, building nothing: the client is installed, then the options."""
+        require_client()
+        super().check_options(context, options)
 
     def failure_hint(self, err: TierError) -> str | None:
         return mooncake_hint(str(err), os.environ) or super().failure_hint(err)
@@ -197,7 +212,7 @@ class MooncakeTier(RemoteTier):
         error: str | None = None
         # Locals: this loop runs once per block, where attribute lookups add up.
         bb, mv, make, name_of, rewrite = self.block_bytes, self._mv, self.headers, self._name, self._rewrite
-        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
+        in_place, stride = self._in_place, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
             if hlen > HEADER_ROW:
@@ -206,12 +221,11 @@ class MooncakeTier(RemoteTier):
             if in_place and slot:  # the object: the pad that ends at this row, then the slot
                 at = slot * stride
                 head, payload = mv[at - hlen : at], mv[at : at + bb]
-                ptr: int | None = base + at - hlen
             else:
                 head_arr, payload_arr = self._pieces(stage, i, slot, hlen)
                 if stage is not None:
                     np.copyto(payload_arr, self.slot_array(slot))
-                head, payload, ptr = head_arr.data, payload_arr.data, None
+                head, payload = head_arr.data, payload_arr.data
             head[:] = make(key, payload)
             if rewrite and key in rewrite:
                 if self._upsert(client, key, head, payload):
@@ -219,17 +233,9 @@ class MooncakeTier(RemoteTier):
                 continue
             names.append(name_of(key))
             keys.append(key)
-            if ptr is not None:
-                ptrs.append(ptr)
-                sizes.append(hlen + bb)
-            else:
-                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
-        if not names:
-            codes: list[int] = []
-        elif stage is None:
-            codes = client.batch_put_from_multi_buffers(names, ptrs, sizes, self._config)
-        else:
-            codes = client.batch_put_from(names, ptrs, sizes, self._config)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+        put = client.batch_put_from_multi_buffers if stage is None else client.batch_put_from
+        codes: list[int] = put(names, ptrs, sizes, self._config) if names else []
         answer_error = self._fold_put_codes(route, keys, codes, done)  # always: it counts and may raise
         error = error or answer_error
         return ChunkOutcome(done=done, nbytes=len(done) * bb, error=error)
@@ -263,10 +269,14 @@ class MooncakeTier(RemoteTier):
         return error
 
     def _place(self, one: bool, i: int, slot: int, hlen: int, ptrs: list[Any], sizes: list[Any]) -> None:
-        """Append the transfer addresses of object ``i`` when it does not move in place: with
-        ``one``, one piece (its staging row), else two pieces (the header arena row, then the
-        slot itself, zero-copy)."""
-        if one:
+        """Append the transfer addresses of object ``i`` (for slot ``slot``, a header of ``hlen``
+        bytes): in place, one piece (the pad that ends at the slot's row, then the slot); else with
+        ``one``, one piece (its staging row); else two pieces (the header arena row, then the slot
+        itself, zero-copy)."""
+        if self._in_place and slot:
+            ptrs.append(self._rows_ptr + slot * self._row_stride - hlen)
+            sizes.append(hlen + self.block_bytes)
+        elif one:
             ptrs.append(self._stage_ptr(self._row_of(i), hlen))
             sizes.append(hlen + self.block_bytes)
         else:
@@ -280,24 +290,16 @@ class MooncakeTier(RemoteTier):
         sizes: list[Any] = []
         want: list[tuple[BlockKey, int, int, int]] = []
         bb, mv, name_of = self.block_bytes, self._mv, self._name
-        in_place, base, stride = self._in_place, self._rows_ptr, self._row_stride
+        in_place, stride = self._in_place, self._row_stride
         for i, (key, slot) in enumerate(items):
             hlen = codec.FIXED_HEADER_SIZE + len(key)
             if hlen > HEADER_ROW:
                 continue  # never stored (too long): a miss
             names.append(name_of(key))
             want.append((key, slot, hlen, i))
-            if in_place and slot:
-                ptrs.append(base + slot * stride - hlen)
-                sizes.append(hlen + bb)
-            else:
-                self._place(stage is not None, i, slot, hlen, ptrs, sizes)
-        if not names:
-            codes: list[int] = []
-        elif stage is None:
-            codes = client.batch_get_into_multi_buffers(names, ptrs, sizes)
-        else:
-            codes = client.batch_get_into(names, ptrs, sizes)
+            self._place(stage is not None, i, slot, hlen, ptrs, sizes)
+        get = client.batch_get_into_multi_buffers if stage is None else client.batch_get_into
+        codes: list[int] = get(names, ptrs, sizes) if names else []
         done: list[BlockKey] = []
         failed: list[tuple[BlockKey, int, str, int]] = []
         for (key, slot, hlen, i), name, code in zip(want, names, codes, strict=True):
@@ -348,19 +350,12 @@ class MooncakeTier(RemoteTier):
 
     def config_info(self) -> dict[str, Any]:
         info = super().config_info()
-        info.update(
-            master_server_addr=self.master_server_addr,
-            metadata_server=self.metadata_server,
-            protocol=self.protocol,
-            key_prefix=self._prefix,
-            tenant_id=self.tenant_id,
-            replica_num=self.replica_num,
-            global_segment_size=self.global_segment_size,
-            data_path={
-                "store": self._path_name(self._one_piece_put),
-                "load": self._path_name(self._one_piece_get),
-            },
-        )
+        info.update({name: getattr(self.options, name) for name in _SHOWN})
+        info["key_prefix"] = self._prefix  # as every object name starts (the namespace included)
+        info["data_path"] = {
+            "store": self._path_name(self._one_piece_put),
+            "load": self._path_name(self._one_piece_get),
+        }
         return info
 
     # -- internals ------------------------------------------------------------------------------------------
@@ -374,23 +369,23 @@ class MooncakeTier(RemoteTier):
         # A master that is down costs one attempt (~5 s on a worker) instead of the client's ~90 s
         # of retries; the breaker's trial retries the set-up later.
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-        store = MooncakeDistributedStore()
+        store, o = MooncakeDistributedStore(), self.options
         code = store.setup(
-            self.local_hostname,
-            self.metadata_server,
-            self.global_segment_size,
-            self.local_buffer_size,
-            self.protocol,
-            self.rdma_devices,
-            self.master_server_addr,
+            o.local_hostname,
+            o.metadata_server,
+            o.global_segment_size,
+            o.local_buffer_size,
+            o.protocol,
+            o.rdma_devices,
+            o.master_server_addr,
             None,
             False,
             "",
-            self.tenant_id,
+            o.tenant_id,
         )
         if code != 0:
             raise TierUnavailableError(
-                f"mooncake: setup with master {self.master_server_addr} answered {mc.name_of(code)}"
+                f"mooncake: setup with master {o.master_server_addr} answered {mc.name_of(code)}"
             )
         for what, arr in (("primary buffer", self.rows), ("header arena", self._arena)):
             code = store.register_buffer(int(arr.ctypes.data), int(arr.nbytes))
@@ -398,7 +393,7 @@ class MooncakeTier(RemoteTier):
                 store.close()
                 raise TierUnavailableError(f"mooncake: register_buffer({what}) answered {mc.name_of(code)}")
         config = ReplicateConfig()
-        config.replica_num = self.replica_num
+        config.replica_num = o.replica_num
         self._config = config
         return store
 

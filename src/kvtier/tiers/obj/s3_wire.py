@@ -180,15 +180,22 @@ class Response:
     connection (the body was abandoned, or an error closed it) reading raises.
     """
 
-    def __init__(
-        self,
-        wire: S3Wire,
-        sock: socket.socket,
-        version: str,
-        status: int,
-        headers: dict[str, str],
-        rest: bytes,
-    ) -> None:
+    def __init__(self, wire: S3Wire, sock: socket.socket, head: str, rest: bytes) -> None:
+        """``head``: the status line and header lines, without the blank line that ends them
+        (raises ``http.client.HTTPException`` when malformed); ``rest``: the bytes received after
+        it on ``sock``."""
+        lines = head.split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        status = _number(status_line[1]) if len(status_line) >= 2 else None
+        version = status_line[0]
+        if status is None or version not in ("HTTP/1.0", "HTTP/1.1"):
+            raise http.client.BadStatusLine(lines[0][:80])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise http.client.HTTPException(f"malformed header line {line[:80]!r}")
+            headers[name.strip().lower()] = value.strip()
         self.status = status
         self.headers = headers
         self._wire = wire
@@ -294,9 +301,8 @@ class S3Wire:
         self._credentials = credentials
         self.timeout = timeout
         self.sock: socket.socket | None = None
-        self._tls: ssl.SSLContext | None = None
-        if endpoint.scheme == "https":
-            self._tls = ssl.create_default_context(cafile=ca_file)
+        https = endpoint.scheme == "https"
+        self._tls = ssl.create_default_context(cafile=ca_file) if https else None
         self._head = bytearray(_HEAD_MAX)
         self._pending = b""  # bytes received past an interim response's head
 
@@ -411,15 +417,4 @@ class S3Wire:
             start = max(0, got - 3)
             got += n
             end = self._head.find(b"\r\n\r\n", start, got)
-        lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-        status_line = lines[0].split(" ", 2)
-        status = _number(status_line[1]) if len(status_line) >= 2 else None
-        if status is None or status_line[0] not in ("HTTP/1.0", "HTTP/1.1"):
-            raise http.client.BadStatusLine(lines[0][:80])
-        fields: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise http.client.HTTPException(f"malformed header line {line[:80]!r}")
-            fields[name.strip().lower()] = value.strip()
-        return Response(self, sock, status_line[0], status, fields, bytes(buf[end + 4 : got]))
+        return Response(self, sock, bytes(buf[:end]).decode("latin-1"), bytes(buf[end + 4 : got]))

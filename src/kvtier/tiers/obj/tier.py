@@ -135,6 +135,10 @@ S3_ERRORS = ErrorMap(
 )
 
 
+#: The settings :meth:`ObjTier.config_info` shows, in this order.
+_SHOWN = ("bucket", "prefix", "endpoint_url", "region", "max_bytes", "data_path")
+
+
 def _is_missing(exc: bx.ClientError) -> bool:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -311,15 +315,8 @@ class ObjTier(RemoteTier):
 
     def config_info(self) -> dict[str, Any]:
         info = super().config_info()
-        info.update(
-            bucket=self.bucket,
-            prefix=self.prefix,
-            endpoint_url=self.endpoint_url,
-            region=self.region,
-            max_bytes=self.max_bytes,
-            data_path=self.data_path,
-            objects_known=len(self.index.known),
-        )
+        info.update({name: getattr(self, name) for name in _SHOWN})
+        info["objects_known"] = len(self.index.known)
         return info
 
     # -- internals -----------------------------------------------------------------------------------------

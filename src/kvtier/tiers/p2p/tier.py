@@ -27,14 +27,13 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import threading
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kvtier.errors import ConfigError, TierError, TierUnavailableError
 from kvtier.files import regular_file
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
-from kvtier.tiers.base import PolicyFactory, PrimaryProfile, SimulationProfile, TierContext, whole_job
+from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext, whole_job
 from kvtier.tiers.p2p.client import PeerConnection, PeerRefusedError, parse_peer
 from kvtier.tiers.p2p.directory import PeerDirectory
 from kvtier.tiers.p2p.options import P2POptions, sim_pool, sub_key
@@ -135,15 +134,7 @@ class P2PTier(RemoteTier):
 
     # -- simulation (kvtier replay --simulate) -----------------------------------------------------
     @classmethod
-    def simulation(
-        cls,
-        options: Mapping[str, Any],
-        *,
-        block_bytes: int,
-        policy_factory: PolicyFactory,
-        key_path: str = "",
-        primary: PrimaryProfile | None = None,
-    ) -> SimulationProfile:
+    def simulate(cls, request: SimulationRequest) -> SimulationProfile:
         """The peers' primary tiers, pooled: a p2p hit exists only while a peer still holds the
         block in *its* primary tier, and this tier stores nothing of its own.
 
@@ -154,7 +145,8 @@ class P2PTier(RemoteTier):
         fed by this trace's blocks, as if the peers served traffic like this instance's and never
         held a block twice: an upper bound for such a fleet (docs/p2p.md, Simulation).
         """
-        peers, peer_bytes = sim_pool(options, key_path)
+        primary, key_path, block_bytes = request.primary, request.key_path, request.block_bytes
+        peers, peer_bytes = sim_pool(request.options, key_path)
         row_stride = primary.row_stride if primary else -(-max(block_bytes, 1) // 4096) * 4096
         if peer_bytes is not None:
             per_peer = peer_bytes // row_stride
@@ -167,7 +159,10 @@ class P2PTier(RemoteTier):
             )
         capacity = peers * per_peer
         room = max(capacity, 1)  # a policy holds at least one block; capacity 0 still stores none
-        policy = primary.new_policy(room) if primary else policy_factory("lru", room, {}, key_path=key_path)
+        if primary is not None:
+            policy = primary.new_policy(room)
+        else:
+            policy = request.policy_factory("lru", room, key_path=key_path)
         return SimulationProfile(capacity, policy, whole_job, cls.medium)
 
     # -- RemoteTier backend ----------------------------------------------------------------------
