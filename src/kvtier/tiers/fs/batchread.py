@@ -38,11 +38,11 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import codec
-from kvtier.native import load_library
+from kvtier.tiers.fs.ccall import CCall
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.safe import SafeTree
 
-__all__ = ["BatchItem", "BatchReader", "BlockFormat", "open_reader", "xxh3_address"]
+__all__ = ["BatchItem", "BatchReader", "BlockFormat", "open_reader"]
 
 _SOURCE = Path(__file__).with_name("batchread.c")
 _P = ctypes.c_void_p
@@ -64,35 +64,16 @@ class BatchItem(NamedTuple):
     direct: bool
 
 
-def xxh3_address() -> int | None:
-    """Address of ``XXH3_64bits_withSeed`` in the loaded ``xxhash`` extension, or ``None``."""
-    try:
-        import xxhash._xxhash as ext
-
-        fn = ctypes.CDLL(ext.__file__).XXH3_64bits_withSeed
-    except (ImportError, OSError, AttributeError):
-        return None
-    return ctypes.cast(fn, _P).value
-
-
-def _function() -> tuple[Callable[..., int], int] | None:
-    lib = load_library(_SOURCE, disable_env="KVTIER_FS_BATCHREAD")
-    xxh3 = xxh3_address()
-    if lib is None or xxh3 is None:
-        return None
-    fn = lib.kvt_read_blocks
-    i64 = ctypes.c_int64
-    # n, items, chk, blob, hdr, hlen, plen, tail, ns_tag, n_owners, owners, verify, abandon_epoch,
-    # epoch0, xxh3, out (see batchread.c)
-    fn.argtypes = [i64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P, i64, i64, _P, ctypes.c_uint64,
-                   ctypes.c_int, _P, ctypes.c_int, _P, i64, _P, _P]  # fmt: skip
-    fn.restype = i64
-    return fn, xxh3
-
-
-_resolved: tuple[Callable[..., int], int] | None = None
-_resolve_lock = threading.Lock()
-_resolved_once = False
+_I64 = ctypes.c_int64
+# n, items, chk, blob, hdr, hlen, plen, tail, ns_tag, n_owners, owners, verify, abandon_epoch,
+# epoch0, xxh3, out (see batchread.c)
+_CALL = CCall(
+    _SOURCE,
+    "kvt_read_blocks",
+    [_I64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P, _I64, _I64, _P, ctypes.c_uint64,
+     ctypes.c_int, _P, ctypes.c_int, _P, _I64, _P, _P],
+    disable_env="KVTIER_FS_BATCHREAD",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +90,10 @@ class BlockFormat:
 
 def open_reader(tree: SafeTree, rows: npt.NDArray[np.uint8], fmt: BlockFormat) -> BatchReader | None:
     """A reader for one fs tier's loads (see the module doc), or ``None`` where there is none."""
-    global _resolved, _resolved_once
-    with _resolve_lock:
-        if not _resolved_once:
-            _resolved_once = True
-            _resolved = _function()
-    if _resolved is None or rows.ndim != 2 or not rows.flags.c_contiguous:
+    resolved = _CALL.get()
+    if resolved is None or rows.ndim != 2 or not rows.flags.c_contiguous:
         return None
-    fn, xxh3 = _resolved
+    fn, xxh3 = resolved
     return BatchReader(fn, xxh3, tree, rows, fmt)
 
 

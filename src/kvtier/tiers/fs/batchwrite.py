@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -33,8 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import codec
-from kvtier.native import load_library
-from kvtier.tiers.fs.batchread import xxh3_address
+from kvtier.tiers.fs.ccall import CCall
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 
 __all__ = ["BatchWriter", "WriteItem", "open_writer"]
@@ -54,37 +52,25 @@ class WriteItem(NamedTuple):
     direct: bool
 
 
-def _function() -> tuple[Callable[..., int], int] | None:
-    lib = load_library(_SOURCE, disable_env="KVTIER_FS_BATCHWRITE")
-    xxh3 = xxh3_address()
-    if lib is None or xxh3 is None:
-        return None
-    fn = lib.kvt_write_blocks
-    i64 = ctypes.c_int64
-    # n, items, blob, tmp_fd, hlen, plen, ns_tag, tail, fsync, xxh3, err (see batchwrite.c)
-    fn.argtypes = [i64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, i64, i64, ctypes.c_uint64, _P,
-                   ctypes.c_int, _P, _P]  # fmt: skip
-    fn.restype = i64
-    return fn, xxh3
-
-
-_resolved: tuple[Callable[..., int], int] | None = None
-_resolve_lock = threading.Lock()
-_resolved_once = False
+_I64 = ctypes.c_int64
+# n, items, blob, tmp_fd, hlen, plen, ns_tag, tail, fsync, xxh3, err (see batchwrite.c)
+_CALL = CCall(
+    _SOURCE,
+    "kvt_write_blocks",
+    [_I64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, _I64, _I64, ctypes.c_uint64, _P,
+     ctypes.c_int, _P, _P],
+    disable_env="KVTIER_FS_BATCHWRITE",
+)  # fmt: skip
 
 
 def open_writer(
     tmp_fd: int, rows: npt.NDArray[np.uint8], *, payload_len: int, ns_tag: int, fsync: bool
 ) -> BatchWriter | None:
     """A writer for one fs tier's stores (see the module doc), or ``None`` where there is none."""
-    global _resolved, _resolved_once
-    with _resolve_lock:
-        if not _resolved_once:
-            _resolved_once = True
-            _resolved = _function()
-    if _resolved is None or rows.ndim != 2 or not rows.flags.c_contiguous:
+    resolved = _CALL.get()
+    if resolved is None or rows.ndim != 2 or not rows.flags.c_contiguous:
         return None
-    fn, xxh3 = _resolved
+    fn, xxh3 = resolved
     return BatchWriter(fn, xxh3, tmp_fd, rows, payload_len=payload_len, ns_tag=ns_tag, fsync=fsync)
 
 
