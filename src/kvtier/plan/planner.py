@@ -23,6 +23,7 @@ from kvtier.plan.menu import Menu
 from kvtier.plan.points import PlanContext, Point
 from kvtier.plan.search import DEFAULT_GRID, Objective, pareto_front, search, staging_blocks
 from kvtier.plan.stack import max_blocks
+from kvtier.sim.prepared import PreparedTrace
 from kvtier.sim.trace import TraceRequest
 
 __all__ = ["DEFAULT_KINDS_SEARCHED", "PlanResult", "plan"]
@@ -163,20 +164,14 @@ def plan(
     ``tokens_per_block`` is the block size every tier stores. Raises :class:`ConfigError` naming the
     option on bad input.
     """
-    from kvtier.config import load_config
-    from kvtier.keys import KeyNamespace
-    from kvtier.sim.prepared import prepare_trace
-
     t0 = time.perf_counter()
     objective = Objective.make(target_hit, budget)
     menu = menu or Menu()
     kinds = _checked_kinds(requests, kv_bytes_per_token, tokens_per_block, menu, kinds)
     seconds = _trace_seconds(requests, trace_seconds)
     notes: list[str] = []
-    block_bytes = kv_bytes_per_token * tokens_per_block
-    kept = _worth_loading(kinds, menu, block_bytes, tokens_per_block, notes)
-    ns = KeyNamespace.from_config(load_config({"block_bytes": block_bytes}), block_size=tokens_per_block)
-    trace = prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
+    kept = _worth_loading(kinds, menu, kv_bytes_per_token * tokens_per_block, tokens_per_block, notes)
+    trace = _prepare(requests, kv_bytes_per_token, tokens_per_block, name)
     t1 = time.perf_counter()
     distances = stack_distances(trace.flat)
     curve = lru_curve(trace.flat, distances)
@@ -188,27 +183,7 @@ def plan(
     )
     t3 = time.perf_counter()
     rec = _recommend(ctx, objective, simulated, notes)
-    result = PlanResult(
-        trace=name,
-        requests=trace.requests,
-        block_refs=trace.block_refs,
-        unique_blocks=trace.unique_blocks,
-        tokens_per_block=tokens_per_block,
-        kv_bytes_per_token=kv_bytes_per_token,
-        trace_seconds=seconds,
-        objective=objective,
-        menu=menu,
-        kinds=list(kept),
-        estimates=estimates,
-        simulated=simulated,
-        recommendation=rec,
-        config=ctx.config(rec.stack) if rec else None,
-        curve=curve,
-        infinite=trace.infinite(),
-        notes=notes,
-        model=dict(model) if model is not None else None,
-        context=ctx,
-    )
+    result = _result(ctx, name, objective, estimates, simulated, rec, notes, model)
     if rec is not None:
         largest = max(b for _, b in rec.stack.sizes)
         result.per_turn = _per_turn(requests, distances, largest)
@@ -222,6 +197,48 @@ def plan(
         "total_seconds": time.perf_counter() - t0,
     }
     return result
+
+
+def _prepare(
+    requests: Sequence[TraceRequest], kv_bytes_per_token: int, tokens_per_block: int, name: str
+) -> PreparedTrace:
+    """The trace keyed once, as an engine with blocks of this size would key it."""
+    from kvtier.config import load_config
+    from kvtier.keys import KeyNamespace
+    from kvtier.sim.prepared import prepare_trace
+
+    config = load_config({"block_bytes": kv_bytes_per_token * tokens_per_block})
+    ns = KeyNamespace.from_config(config, block_size=tokens_per_block)
+    return prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
+
+
+def _result(
+    ctx: PlanContext, name: str, objective: Objective, estimates: list[Point], simulated: list[Point],
+    rec: Point | None, notes: list[str], model: Mapping[str, Any] | None,
+) -> PlanResult:  # fmt: skip
+    """The result of a search over ``ctx`` (its per-turn figures, drive failures and timings to come)."""
+    trace = ctx.trace
+    return PlanResult(
+        trace=name,
+        requests=trace.requests,
+        block_refs=trace.block_refs,
+        unique_blocks=trace.unique_blocks,
+        tokens_per_block=ctx.tokens_per_block,
+        kv_bytes_per_token=ctx.kv_bytes_per_token,
+        trace_seconds=ctx.trace_seconds,
+        objective=objective,
+        menu=ctx.menu,
+        kinds=list(ctx.kinds),
+        estimates=estimates,
+        simulated=simulated,
+        recommendation=rec,
+        config=ctx.config(rec.stack) if rec else None,
+        curve=ctx.curve,
+        infinite=trace.infinite(),
+        notes=notes,
+        model=dict(model) if model is not None else None,
+        context=ctx,
+    )
 
 
 def _checked_kinds(
