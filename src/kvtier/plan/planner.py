@@ -183,11 +183,29 @@ def plan(
     )
     t3 = time.perf_counter()
     rec = _recommend(ctx, objective, simulated, notes)
-    result = _result(ctx, name, objective, estimates, simulated, rec, notes, model)
+    result = PlanResult(
+        trace=name,
+        requests=trace.requests,
+        block_refs=trace.block_refs,
+        unique_blocks=trace.unique_blocks,
+        tokens_per_block=tokens_per_block,
+        kv_bytes_per_token=kv_bytes_per_token,
+        trace_seconds=seconds,
+        objective=objective,
+        menu=menu,
+        kinds=list(kept),
+        estimates=estimates,
+        simulated=simulated,
+        recommendation=rec,
+        config=ctx.config(rec.stack) if rec else None,
+        curve=curve,
+        infinite=trace.infinite(),
+        notes=notes,
+        model=dict(model) if model is not None else None,
+        context=ctx,
+    )
     if rec is not None:
-        largest = max(b for _, b in rec.stack.sizes)
-        result.per_turn = _per_turn(requests, distances, largest)
-        result.degraded = _degraded(ctx, rec)
+        _recommendation_details(result, rec, requests, distances)
     result.timings = {
         "prepare_seconds": t1 - t0,
         "curve_seconds": t2 - t1,
@@ -212,33 +230,15 @@ def _prepare(
     return prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
 
 
-def _result(
-    ctx: PlanContext, name: str, objective: Objective, estimates: list[Point], simulated: list[Point],
-    rec: Point | None, notes: list[str], model: Mapping[str, Any] | None,
-) -> PlanResult:  # fmt: skip
-    """The result of a search over ``ctx`` (its per-turn figures, drive failures and timings to come)."""
-    trace = ctx.trace
-    return PlanResult(
-        trace=name,
-        requests=trace.requests,
-        block_refs=trace.block_refs,
-        unique_blocks=trace.unique_blocks,
-        tokens_per_block=ctx.tokens_per_block,
-        kv_bytes_per_token=ctx.kv_bytes_per_token,
-        trace_seconds=ctx.trace_seconds,
-        objective=objective,
-        menu=ctx.menu,
-        kinds=list(ctx.kinds),
-        estimates=estimates,
-        simulated=simulated,
-        recommendation=rec,
-        config=ctx.config(rec.stack) if rec else None,
-        curve=ctx.curve,
-        infinite=trace.infinite(),
-        notes=notes,
-        model=dict(model) if model is not None else None,
-        context=ctx,
-    )
+def _recommendation_details(
+    result: PlanResult, rec: Point, requests: Sequence[TraceRequest], distances: np.ndarray
+) -> None:
+    """The recommended stack's hit ratio per conversation turn (at its largest tier) and, per
+    striped kind, the same stack with one drive failed."""
+    assert result.context is not None
+    largest = max(b for _, b in rec.stack.sizes)
+    result.per_turn = _per_turn(requests, distances, largest)
+    result.degraded = _degraded(result.context, rec)
 
 
 def _checked_kinds(

@@ -109,23 +109,49 @@ class FleetReport:
     """What a fleet simulation measured (see the module docstring)."""
 
     trace: str
-    instances: int
     router: str
     shared_tiers: list[str]
     p2p: bool
     block_refs: int
     tokens: int
-    requests: list[int]
     computed_tokens: list[int]
+    #: Each instance's replay report (its ``requests``: how many the router sent it).
     per_instance: list[ReplayReport]
-    tier_hits: dict[str, int]
     traffic: dict[str, dict[str, float]]
     saved_seconds: float
     prefill_seconds: float
     trace_seconds: float
-    block_hits: int = 0
-    prefix_hits: int = 0
+    #: Blocks loaded from a peer's primary tier (counted in the instances' prefix hits too).
+    p2p_hits: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def instances(self) -> int:
+        return len(self.per_instance)
+
+    @property
+    def requests(self) -> list[int]:
+        """Requests routed to each instance."""
+        return [r.requests for r in self.per_instance]
+
+    @property
+    def tier_hits(self) -> dict[str, int]:
+        """Hits per tier summed over the instances (and ``p2p`` with peers), in tier order."""
+        out: dict[str, int] = {}
+        for rep in self.per_instance:
+            for t in rep.tiers:
+                out[t.name] = out.get(t.name, 0) + t.hits
+        if self.p2p:
+            out["p2p"] = self.p2p_hits
+        return out
+
+    @property
+    def block_hits(self) -> int:
+        return sum(r.block_hits for r in self.per_instance) + self.p2p_hits
+
+    @property
+    def prefix_hits(self) -> int:
+        return sum(r.prefix_hits for r in self.per_instance)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -465,30 +491,20 @@ class _FleetRun:
             rep.cost = cost.as_dict(rep.tokens)
             _fill_tiers(rep, eng.stats(), types)
             rep.requests = load
-        tier_hits: dict[str, int] = {}
-        for rep in self.reports:
-            for t in rep.tiers:
-                tier_hits[t.name] = tier_hits.get(t.name, 0) + t.hits
-        if self.p2p is not None:
-            tier_hits["p2p"] = self.p2p_hits
         report = FleetReport(
             trace=trace.name,
-            instances=len(self.engines),
             router=self.spec.router,
             shared_tiers=list(self.shared),
             p2p=self.p2p is not None,
             block_refs=trace.block_refs,
             tokens=trace.tokens,
-            requests=self.loads,
             computed_tokens=self.computed,
             per_instance=self.reports,
-            tier_hits=tier_hits,
             traffic={name: _traffic(v, win) for name, v in self.traffic.items()},
             saved_seconds=sum(float(c.saved) for c in self.costs) + self.p2p_saved,
             prefill_seconds=self.cm.recompute_seconds(0, trace.tokens),
             trace_seconds=max(self.ts1 - self.ts0, win),
-            block_hits=sum(r.block_hits for r in self.reports) + self.p2p_hits,
-            prefix_hits=sum(r.prefix_hits for r in self.reports),
+            p2p_hits=self.p2p_hits,
         )
         if self.p2p is not None:
             report.notes.append(
