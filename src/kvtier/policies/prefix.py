@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
@@ -96,6 +96,7 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._fixed_horizon = None if horizon is None else float(horizon)
         self._ghost_cap = int(ghost_factor * self.capacity)
         self._entries: dict[BlockKey, _Entry] = {}
+        self._resident = (self._entries,)
         # Resident children per parent key (the parent itself may be absent: then they are stranded).
         self._kids: dict[BlockKey, set[BlockKey]] = {}
         self._heap: list[tuple[float, int, BlockKey]] = []  # candidate leaves, lazily validated
@@ -114,15 +115,6 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._refresh()
 
     # ---------------------------------------------------------------------------------- queries
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(list(self._entries))
-
     @property
     def horizon(self) -> float:
         """Current horizon (block accesses) weighing frequency against recency."""

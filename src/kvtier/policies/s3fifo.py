@@ -29,7 +29,7 @@ Options: ``small_size_ratio`` (0.1), ``ghost_size_ratio`` (0.9), ``move_to_main_
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
@@ -71,15 +71,7 @@ class S3FIFOPolicy(QuotaAwarePolicy):
         self._ghost: OrderedDict[BlockKey, None] = OrderedDict()
         self._has_evicted = False
         self._pending_ghost: BlockKey | None = None
-
-    def __len__(self) -> int:
-        return len(self._small) + len(self._main)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._small or key in self._main
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter([*self._small, *self._main])
+        self._resident = (self._small, self._main)
 
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
         ghost_hit = self._pending_ghost == key
