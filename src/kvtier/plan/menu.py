@@ -269,18 +269,7 @@ def load_menu(path: str | Path | None) -> Menu:
     """The default menu, with the figures of a JSON/YAML file (``--menu``) applied when given."""
     if path is None:
         return Menu()
-    from kvtier.config.files import parse_config_text
-    from kvtier.files import read_bounded
+    from kvtier.config.files import read_object_file
 
-    p = Path(path)
-    try:
-        text = read_bounded(p, "--menu").decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("--menu", f"{p}: cannot parse (not UTF-8 text)") from None
-    try:
-        raw = parse_config_text(text, str(p), yaml_syntax=p.suffix.lower() in (".yaml", ".yml"))
-    except ConfigError as exc:  # syntax, depth, alias bombs: one line naming the file
-        raise ConfigError("--menu", f"cannot parse: {exc.detail}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError("--menu", f"{p}: expected an object with 'gpu' and/or 'tiers'")
-    return menu_from_mapping(raw, where=p.name)
+    raw = read_object_file(path, "--menu", what="menu file", expected="an object with 'gpu' and/or 'tiers'")
+    return menu_from_mapping(raw, where=Path(path).name)
