@@ -90,12 +90,11 @@ class FleetPlan:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The ``kvtier plan --instances N --json`` object: the plain fields as they are, the
+        recommendation by its label and the points as ``designs``."""
+        plain = ("trace", "instances", "block_bytes", "unique_blocks", "trace_seconds")
         return {
-            "trace": self.trace,
-            "instances": self.instances,
-            "block_bytes": self.block_bytes,
-            "unique_blocks": self.unique_blocks,
-            "trace_seconds": self.trace_seconds,
+            **{name: getattr(self, name) for name in plain},
             "recommendation": self.recommendation.design.label,
             "designs": [p.to_json() for p in self.points],
             "notes": list(self.notes),
