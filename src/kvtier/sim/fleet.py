@@ -390,14 +390,13 @@ class _FleetRun:
     ) -> None:
         from kvtier.sim.replay_loops import _Cost
 
-        self.trace, self.spec, self.engines, self.index, self.cm, self.p2p = (
-            trace,
-            spec,
-            engines,
-            index,
-            cm,
-            p2p,
-        )
+        self.trace = trace
+        self.spec = spec
+        self.engines = engines
+        self.index = index
+        self.cm = cm
+        #: The peers' load speed; ``None``: the fleet does not load from peers.
+        self.p2p = p2p
         self.shared = shared
         n = len(engines)
         self.tiers = [list(e.tiers) for e in engines]
