@@ -50,12 +50,15 @@ from collections import OrderedDict
 from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
+from kvtier.numbers import NONNEGATIVE, Range, check_number
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
 
 __all__ = ["PrefixAwarePolicy"]
 
 _MAX_CLASS = 8  # use counts above this share one reuse estimate
 _REFRESH = 256  # uses between refreshes of the cached curve
+#: A fixed horizon: block accesses, > 0 (``None`` is the adaptive one).
+_HORIZON = Range(0, 1e15, open_low=True, unit="block accesses")
 _STRANDED = -math.inf
 
 
@@ -89,10 +92,10 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         tenant_quota: float | None = None,
     ) -> None:
         super().__init__(capacity, tenant_quota=tenant_quota)
-        if horizon is not None and horizon <= 0:
-            raise ValueError(f"horizon must be > 0 block accesses (or None for adaptive), got {horizon!r}")
-        if ghost_factor < 0:
-            raise ValueError(f"ghost_factor must be >= 0, got {ghost_factor!r}")
+        # kvtier.numbers' one check (finite, in range): NaN passed the old `<= 0` comparisons.
+        if horizon is not None:
+            check_number("horizon", horizon, _HORIZON)
+        check_number("ghost_factor", ghost_factor, NONNEGATIVE)
         self._fixed_horizon = None if horizon is None else float(horizon)
         self._ghost_cap = int(ghost_factor * self.capacity)
         self._entries: dict[BlockKey, _Entry] = {}
