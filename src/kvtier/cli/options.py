@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.cli import args as types
+from kvtier.errors import ConfigError
+from kvtier.extras import install_hint
 
 __all__ = [
     "JSON_HELP",
@@ -25,6 +27,7 @@ __all__ = [
     "add_progress",
     "add_tokens_per_block",
     "add_trace",
+    "require",
 ]
 
 #: Tokens per trace block unless ``--tokens-per-block`` says otherwise (the Mooncake traces' unit).
@@ -82,3 +85,13 @@ def add_imbalance(group: Any) -> None:
         default=0.25,
         help="prefix router's load bound: <= (1 + X) x the mean load (0.25)",
     )
+
+
+def require(module: str, option: str) -> None:
+    """Refuse ``option`` at once when ``module`` (an optional dependency it needs) is missing:
+    a :class:`~kvtier.errors.ConfigError` naming the option and the extra that installs it, before
+    the minutes of work whose result the option would need it for."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(option, f"needs {module}: {install_hint(module)}")

@@ -20,7 +20,6 @@ from kvtier.cli import options
 from kvtier.cli.args import count, duration, positive, positive_int
 from kvtier.cli.progress import ProgressLine
 from kvtier.errors import ConfigError
-from kvtier.extras import install_hint
 
 __all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -192,11 +191,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.plan.render import render_plan
 
     if args.plot:
-        import importlib.util
-
-        # Before the minute of simulation, not after it: the plot is the one part needing an extra.
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("--plot", f"needs matplotlib: {install_hint('matplotlib')}")
+        options.require("matplotlib", "--plot")
     notes: list[str] = []
     kv_bytes, model = _kv(args, notes)
     menu = _menu(args)

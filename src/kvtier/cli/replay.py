@@ -263,11 +263,7 @@ def _run(args: argparse.Namespace) -> int:
     show_progress = args.progress is not False
 
     if args.plot is not None:
-        import importlib.util
-
-        # Before the sweep, not after minutes of it: the plot is the one part that needs an extra.
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("--plot", "needs matplotlib: pip install 'kvtier[plot]'")
+        options.require("matplotlib", "--plot")  # before the sweep, not after minutes of it
     with _resolve(args) as (trace_path, config):
         with _status(show_progress, args.progress is True, f"reading {trace_path.name}"):
             requests = read_trace(trace_path, limit=args.limit)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.extras import install_hint
 from kvtier.files import read_bounded
 
 __all__ = [
@@ -153,7 +154,7 @@ def _parse_yaml(text: str, where: str) -> Any:
         import yaml
     except ImportError as exc:
         raise ConfigError(
-            "", f"{where}: YAML needs PyYAML: pip install 'kvtier[cli]' (or use a .json file)"
+            "", f"{where}: YAML needs PyYAML: {install_hint('yaml')} (or use a .json file)"
         ) from exc
     try:
         return yaml.safe_load(text)

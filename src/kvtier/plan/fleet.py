@@ -293,9 +293,9 @@ def render_fleet(plan: FleetPlan, table: Callable[[str, Sequence[str], Sequence[
 
 def plot_fleet(plan: FleetPlan, path: str) -> None:
     """A bar chart of net saving and prefix hit ratio per design (PNG)."""
-    from kvtier.plan.plots import _pyplot
+    from kvtier.sim.plot import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     labels = [p.design.label for p in plan.points]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ys = [p.net_saving for p in plan.points]
