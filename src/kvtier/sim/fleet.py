@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -359,7 +359,7 @@ def simulate_fleet(
         media = {t.name: t.medium for t in engines[0].tiers}
         cm = cost_model or CostModel.from_config(config, tier_media=media)
         p2p_cost = cm.tiers.get("p2p", DEFAULT_P2P)
-        run = _FleetRun(trace, config, spec, engines, index, cm, p2p_cost if p2p else None, shared, requests)
+        run = _FleetRun(trace, spec, engines, index, cm, p2p_cost if p2p else None, shared, config, requests)
         for r, (keys, infos, last, ts, tenant) in enumerate(
             zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
         ):
@@ -372,39 +372,33 @@ def simulate_fleet(
             eng.close()
 
 
+@dataclass
 class _FleetRun:
     """One fleet replay in progress: the router's state, each instance's report, costs and counts,
     and the shared tiers' (and p2p) traffic per window of the trace clock."""
 
-    def __init__(
-        self,
-        trace: PreparedTrace,
-        config: KvtierConfig,
-        spec: FleetSpec,
-        engines: list[Any],
-        index: _KvIndex,
-        cm: CostModel,
-        p2p: TierCost | None,
-        shared: list[str],
-        requests: Sequence[Any] | None,
-    ) -> None:
+    trace: PreparedTrace
+    spec: FleetSpec
+    engines: list[Any]
+    index: _KvIndex
+    cm: CostModel
+    #: The peers' load speed; ``None``: the fleet does not load from peers.
+    p2p: TierCost | None
+    shared: list[str]
+    config: InitVar[KvtierConfig]
+    requests: InitVar[Sequence[Any] | None]
+
+    def __post_init__(self, config: KvtierConfig, requests: Sequence[Any] | None) -> None:
         from kvtier.sim.replay_loops import _Cost
 
-        self.trace = trace
-        self.spec = spec
-        self.engines = engines
-        self.index = index
-        self.cm = cm
-        #: The peers' load speed; ``None``: the fleet does not load from peers.
-        self.p2p = p2p
-        self.shared = shared
+        trace, engines = self.trace, self.engines
         n = len(engines)
         self.tiers = [list(e.tiers) for e in engines]
         self.names = [t.name for t in self.tiers[0]]
-        self.shared_idx = [j for j, nm in enumerate(self.names) if nm in shared]
+        self.shared_idx = [j for j, nm in enumerate(self.names) if nm in self.shared]
         policy, slots = config.eviction_policy, int(engines[0].num_slots)
         self.reports = [ReplayReport(trace.name, "simulate", policy, slots) for _ in engines]
-        self.costs = [_Cost(cm, self.names) for _ in engines]
+        self.costs = [_Cost(self.cm, self.names) for _ in engines]
         self.loads = [0] * n
         self.computed = [0] * n
         self.p2p_hits = 0
@@ -413,9 +407,9 @@ class _FleetRun:
         # sorted; the engines see the timestamps as given).
         self.ts0 = min(trace.timestamps) if trace.timestamps else 0.0
         self.ts1 = max(trace.timestamps) if trace.timestamps else 0.0
-        self.nwin = int((self.ts1 - self.ts0) // spec.window_seconds) + 1
-        self.traffic = {name: np.zeros(self.nwin) for name in [*shared, *(["p2p"] if p2p else [])]}
-        self.sessions = _session_of(trace, requests) if spec.router != "round_robin" else None
+        nwin = int((self.ts1 - self.ts0) // self.spec.window_seconds) + 1
+        self.traffic = {name: np.zeros(nwin) for name in [*self.shared, *(["p2p"] if self.p2p else [])]}
+        self.sessions = _session_of(trace, requests) if self.spec.router != "round_robin" else None
         self.contexts: dict[str | None, Any] = {}
         self.routed = 0
 

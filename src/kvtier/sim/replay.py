@@ -199,20 +199,10 @@ def fast_path_refusal(config: KvtierConfig, trace: PreparedTrace, hook: Any, por
 def _fill_tiers(report: ReplayReport, stats: Any, types: dict[str, str]) -> None:
     refs = max(report.block_refs, 1)
     report.tiers = []
+    # TierReport's counters are the integer fields it shares with tier_counters (the metrics'
+    # per-tier view), read by name.
+    counted = [f.name for f in dataclasses.fields(TierReport) if f.type == "int"]
     for name, c in tier_counters(stats).items():
         hits = int(c["hits"])
-        report.tiers.append(
-            TierReport(
-                name=name,
-                type=types.get(name, "?"),
-                hits=hits,
-                hit_ratio=hits / refs,
-                lookups=int(c["lookups"]),
-                bytes_read=int(c["bytes_read"]),
-                bytes_written=int(c["bytes_written"]),
-                evictions=int(c["evictions"]),
-                corrupt=int(c["corrupt"]),
-                dropped_stores=int(c["dropped_stores"]),
-                failed_jobs=int(c["failed_jobs"]),
-            )
-        )
+        counts = {key: int(c[key]) for key in counted}
+        report.tiers.append(TierReport(name, types.get(name, "?"), hit_ratio=hits / refs, **counts))
