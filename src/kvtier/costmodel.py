@@ -45,7 +45,7 @@ import numpy as np
 
 from kvtier.config import KvtierConfig, parse_size
 from kvtier.errors import ConfigError
-from kvtier.numbers import COUNT, NONNEG_SECONDS, Range, check_number
+from kvtier.numbers import COUNT, NONNEG_SECONDS, POSITIVE, check_bandwidth, check_number
 
 __all__ = [
     "DEFAULT_PREFILL_SECONDS_PER_TOKEN",
@@ -303,12 +303,8 @@ def _unknown(key_path: str, key: str, valid: Sequence[str], what: str) -> Config
     return ConfigError(key_path, f"{what}{hint}; valid: {', '.join(valid)}")
 
 
-#: Rates and per-token costs: finite, > 0 (kvtier.numbers' shared check).
-_POSITIVE = Range(0, 1e15, open_low=True)
-
-
 def _positive_float(value: Any, key: str) -> float:
-    return float(check_number(key, value, _POSITIVE))
+    return float(check_number(key, value, POSITIVE))
 
 
 def _nonneg_float(value: Any, key: str) -> float:
@@ -322,12 +318,7 @@ def _positive_int(value: Any, key: str) -> int:
 
 
 def _bandwidth(value: Any, key: str) -> float:
-    if isinstance(value, float):
-        return float(check_number(key, value, _POSITIVE))
-    bw = parse_size(value, key)
-    if bw <= 0:
-        raise ConfigError(key, "bandwidth must be > 0 bytes per second")
-    return float(bw)
+    return check_bandwidth(key, value)
 
 
 def _prefill_from(raw: Mapping[str, Any]) -> float:

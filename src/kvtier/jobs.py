@@ -6,6 +6,7 @@ here) so the vLLM adapter is a field-for-field translation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import numpy.typing as npt
 
 from kvtier.keys import BlockKey
 
-__all__ = ["JobResult", "TransferJob"]
+__all__ = ["JobResult", "TransferJob", "wait_for_job"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +72,23 @@ class JobResult:
         if self.successful_keys is not None:
             return [k for k in keys if k in self.successful_keys]
         return list(keys) if self.success else []
+
+
+def wait_for_job(tier: Any, job_id: int, timeout: float, *, drain: bool = False) -> JobResult:
+    """Poll ``tier.get_finished_jobs()`` until ``job_id`` is reported and return its result.
+
+    For callers that run one job at a time on a tier of their own (``kvtier check``, ``kvtier
+    bench``): results of other jobs reported meanwhile are dropped. ``drain`` calls ``tier.drain()``
+    before each poll, so a benchmark times the tier's I/O rather than the poll interval. Raises
+    ``TimeoutError`` naming the tier and the job once ``timeout`` seconds have passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if drain:
+            tier.drain()
+        for result in tier.get_finished_jobs():
+            if result.job_id == job_id:
+                return result  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"tier {tier.name!r}: job {job_id} not reported within {timeout:g} s")
+        time.sleep(0.0005 if drain else 0.002)

@@ -18,15 +18,19 @@ from typing import Any
 from kvtier.errors import ConfigError
 
 __all__ = [
+    "BANDWIDTH",
     "BYTES",
     "CONNECTIONS",
     "COUNT",
     "MAX_BYTES",
+    "NONNEGATIVE",
     "NONNEG_SECONDS",
+    "POSITIVE",
     "SECONDS",
     "TTL_SECONDS",
     "Range",
     "Ranges",
+    "check_bandwidth",
     "check_number",
     "check_numbers",
     "range_of",
@@ -71,6 +75,22 @@ CONNECTIONS = Range(1, 4096, integer=True)
 COUNT = Range(1, 1 << 40, integer=True)
 #: A byte size (``"8GiB"`` or an integer), up to :data:`MAX_BYTES`.
 BYTES = Range(0, MAX_BYTES, integer=True, size=True)
+#: A rate, price or per-token cost that must be > 0 (a cost model's or a planning menu's figures).
+POSITIVE = Range(0, 1e15, open_low=True)
+#: The same where 0 is meaningful (a price of a tier already paid for).
+NONNEGATIVE = Range(0, 1e15)
+#: Bytes per second of a link or a device: > 0, at most 1 PB/s.
+BANDWIDTH = Range(0, 1e15, open_low=True, unit="bytes per second")
+
+
+def check_bandwidth(key: str, value: Any) -> float:
+    """A bandwidth option: bytes per second as a number, or a size string read as per second
+    (``"2GB"``), in :data:`BANDWIDTH`; a :class:`ConfigError` naming ``key`` otherwise."""
+    if isinstance(value, str):
+        from kvtier.config import parse_size  # config imports this module
+
+        value = parse_size(value, key)
+    return float(check_number(key, value, BANDWIDTH))
 
 
 def check_number(key: str, value: Any, rng: Range) -> float:

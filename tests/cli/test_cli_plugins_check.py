@@ -307,6 +307,7 @@ def test_every_listed_command_module_has_the_command_interface() -> None:
     assert cli_main.COMMANDS[:2] == ["plugins", "check"]
     for name in ("plugins", "check"):
         module = importlib.import_module(f"kvtier.cli.{name}")
-        assert callable(module.add_parser) and callable(module.run)
+        assert isinstance(module.HELP, str) and isinstance(module.DESCRIPTION, str)
+        assert callable(module.add_arguments) and callable(module.run)
     help_text = cli_main.build_parser().format_help()
     assert "plugins" in help_text and "check" in help_text

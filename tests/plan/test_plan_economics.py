@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.plan.economics import economics
-from kvtier.plan.menu import Menu, load_menu
+from kvtier.plan.menu import Menu, load_menu, menu_from_mapping
 from kvtier.plan.stack import Stack, stack_config
 
 
@@ -61,3 +61,21 @@ def test_menu_file_overrides_and_errors(tmp_path: Path) -> None:
     y = tmp_path / "menu.yaml"
     y.write_text("tiers:\n  s3:\n    price_per_gib_month: 0.02\n")
     assert load_menu(y).kind("s3").price_per_gib_month == 0.02
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, True])
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("nvme", "load_bandwidth"),
+        ("nvme", "load_latency"),
+        ("nvme", "price_per_gib_month"),
+        ("gpu", "prefill_tokens_per_second"),
+        ("gpu", "price_per_hour"),
+    ],
+)
+def test_menu_figures_refuse_nan_infinity_and_negatives(section: str, key: str, value: float) -> None:
+    # NaN passed the menu's old hand-written check (NaN < 0 is false) and poisoned every cost.
+    raw = {"gpu": {key: value}} if section == "gpu" else {"tiers": {section: {key: value}}}
+    with pytest.raises(ConfigError, match=rf"menu\.(tiers\.)?{section}\.{key}: expected a finite number"):
+        menu_from_mapping(raw)

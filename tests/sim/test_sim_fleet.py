@@ -139,24 +139,23 @@ def test_router_index_matches_primaries_and_load_bound_holds(
 
     trace = _tiny([tuple(c * 100 + j for j in range(t)) for c, t in convs])
     seen: list[object] = []
-    real_run = fleet_mod._run
+    real_finish = fleet_mod._FleetRun.finish
 
-    def spy(*args: object, **kw: object) -> object:
-        out = real_run(*args, **kw)  # type: ignore[arg-type]
-        engines, index = args[3], args[4]
-        seen.append((engines, index))
+    def spy(run: fleet_mod._FleetRun) -> fleet_mod.FleetReport:
+        out = real_finish(run)
+        seen.append((run.engines, run.index))
         held: dict[object, int] = {}
-        for i, eng in enumerate(engines):  # type: ignore[attr-defined]
+        for i, eng in enumerate(run.engines):
             for key in eng.primary.index:
                 held[key] = held.get(key, 0) | (1 << i)
-        assert held == index.holders  # type: ignore[attr-defined]
+        assert held == run.index.holders
         return out
 
-    fleet_mod._run = spy  # type: ignore[assignment]
+    fleet_mod._FleetRun.finish = spy  # type: ignore[method-assign]
     try:
         rep = simulate_fleet(trace, capacity_config(SIM, cap), FleetSpec(instances=n, imbalance=imbalance))
     finally:
-        fleet_mod._run = real_run  # type: ignore[assignment]
+        fleet_mod._FleetRun.finish = real_finish  # type: ignore[method-assign]
     assert seen
     assert sum(rep.requests) == trace.requests
     # Bounded load: no instance ever exceeds (1 + imbalance) x the mean, rounded up by one request.

@@ -13,6 +13,7 @@ from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.policies.lru import LRUPolicy
 from kvtier.sim.simtier import SimTier, sim_tiers
+from kvtier.tiers.base import SimulationProfile, whole_job
 
 
 def _keys(*ids: int) -> list[BlockKey]:
@@ -21,10 +22,8 @@ def _keys(*ids: int) -> list[BlockKey]:
 
 def _tier(max_blocks: int | None) -> SimTier:
     view = memoryview(np.zeros((4, 0), dtype=np.uint8))  # a simulate engine's view: rows of length 0
-    return SimTier(
-        primary_kv_view=view, name="fs0", block_bytes=100, policy=LRUPolicy(1 << 20),
-        max_blocks=max_blocks, medium="STORAGE",
-    )  # fmt: skip
+    profile = SimulationProfile(max_blocks, LRUPolicy(1 << 20), whole_job, "STORAGE")
+    return SimTier(primary_kv_view=view, name="fs0", block_bytes=100, profile=profile)
 
 
 def _job(job_id: int, keys: list[BlockKey]) -> TransferJob:

@@ -81,6 +81,11 @@ def test_bad_options() -> None:
         PrefixAwarePolicy(4, horizon=0)
     with pytest.raises(ValueError, match="ghost_factor"):
         PrefixAwarePolicy(4, ghost_factor=-1)
+    for bad in (float("nan"), float("inf")):  # NaN slipped past the old `<= 0` checks
+        with pytest.raises(ValueError, match="horizon: expected a finite number"):
+            PrefixAwarePolicy(4, horizon=bad)
+        with pytest.raises(ValueError, match="ghost_factor: expected a finite number"):
+            PrefixAwarePolicy(4, ghost_factor=bad)
     with pytest.raises(TypeError):
         PrefixAwarePolicy(4, bogus=True)  # type: ignore[call-arg]
 

@@ -18,32 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli import args as types
+from kvtier.cli import options
 
-__all__ = ["add_parser", "bench_tables", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "bench_tables", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on an ``argparse`` subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "bench",
-        help="throughput of each tier next to memcpy / raw file I/O",
-        description="Measure the primary tier and every configured tier against their physical references.",
-    )
-    p.add_argument("--config", "-c", help="config file or JSON string; default: RAM + temporary fs tier")
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier bench --help``.
+HELP = "throughput of each tier next to memcpy / raw file I/O"
+DESCRIPTION = "Measure the primary tier and every configured tier against their physical references."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
+    options.add_config(p, "config file or JSON string; default: RAM + temporary fs tier")
     p.add_argument("--blocks", type=types.positive_int, default=256, help="blocks per batch (default 256)")
-    p.add_argument(
-        "--block-bytes",
-        type=types.size,
-        help="bytes per block, e.g. 65536 or 64KiB (default: the config's block_bytes)",
-    )
+    options.add_block_bytes(p, "bytes per block, e.g. 65536 or 64KiB (default: the config's block_bytes)")
     p.add_argument(
         "--repeats",
         type=types.positive_int,
         default=3,
         help="best of N (default 3; use 5 or more for figures you quote)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
+    options.add_json(p, "print one JSON object")
 
 
 def _rate(bps: float) -> str:

@@ -34,9 +34,19 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvtier.cli import options
 from kvtier.cli.args import duration
 
-__all__ = ["CHECK_NAMESPACE", "TierCheck", "add_parser", "check_config", "check_namespace", "run"]
+__all__ = [
+    "CHECK_NAMESPACE",
+    "DESCRIPTION",
+    "HELP",
+    "TierCheck",
+    "add_arguments",
+    "check_config",
+    "check_namespace",
+    "run",
+]
 
 #: Prefix of the probe namespaces (one per block size).
 CHECK_NAMESPACE = "kvtier-check"
@@ -65,16 +75,17 @@ class TierCheck:
         return asdict(self)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "check",
-        help="validate a config, build every tier and round-trip one block through each",
-        description=(
-            "Validate CONFIG (.json/.yaml file or a JSON string), build the spec, policy and every "
-            "secondary tier, and round-trip one block through each. Exit 0 ok, 1 a tier failed, "
-            "2 bad config."
-        ),
-    )
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier check --help``.
+HELP = "validate a config, build every tier and round-trip one block through each"
+DESCRIPTION = (
+    "Validate CONFIG (.json/.yaml file or a JSON string), build the spec, policy and every "
+    "secondary tier, and round-trip one block through each. Exit 0 ok, 1 a tier failed, "
+    "2 bad config."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``check`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
     p.add_argument(
         "config",
         metavar="CONFIG",
@@ -86,26 +97,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="print the merged config with each value's origin (secrets redacted) and exit",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    options.add_json(p, "print one JSON object instead of a table")
     p.add_argument("--timeout", type=duration, default=30.0, help="seconds to wait for each tier job")
-    return p
-
-
-def _wait(tier: Any, job_id: int, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        for result in tier.get_finished_jobs():
-            if result.job_id == job_id:
-                return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} not reported within {timeout:g}s")
-        time.sleep(0.002)
 
 
 def _round_trip(tier: Any, rows: Any, block_bytes: int, timeout: float, check: TierCheck) -> None:
     import numpy as np
 
-    from kvtier.jobs import TransferJob
+    from kvtier.jobs import TransferJob, wait_for_job
     from kvtier.keys import BlockKey, LookupResult
 
     key = BlockKey(f"kvtier-check/{uuid.uuid4().hex}".encode())
@@ -114,7 +113,7 @@ def _round_trip(tier: Any, rows: Any, block_bytes: int, timeout: float, check: T
     rows[1, :block_bytes] = 0
     t0 = time.perf_counter()
     tier.submit_store(TransferJob(1, [key], np.array([0], dtype=np.int32)))
-    stored = _wait(tier, 1, timeout)
+    stored = wait_for_job(tier, 1, timeout)
     check.store_seconds = time.perf_counter() - t0
     if not stored.success:
         raise RuntimeError(f"store job failed: {stored.error or 'no reason given'}")
@@ -125,7 +124,7 @@ def _round_trip(tier: Any, rows: Any, block_bytes: int, timeout: float, check: T
         raise RuntimeError(f"lookup after a successful store answered {answer.name}")
     t0 = time.perf_counter()
     tier.submit_load(TransferJob(2, [key], np.array([1], dtype=np.int32), is_promotion=True))
-    loaded = _wait(tier, 2, timeout)
+    loaded = wait_for_job(tier, 2, timeout)
     check.load_seconds = time.perf_counter() - t0
     if not loaded.success:
         raise RuntimeError(f"load job failed: {loaded.error or 'no reason given'}")

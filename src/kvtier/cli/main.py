@@ -1,9 +1,10 @@
 """``kvtier``: the command-line entry point.
 
-Each subcommand lives in its own module ``kvtier.cli.<name>`` exposing ``add_parser(subparsers)`` and
-``run(args) -> int``; :data:`COMMANDS` lists them in help order. Command modules are imported when
-``main`` runs (never when :mod:`kvtier` is imported) and must keep their top-level imports light:
-heavy dependencies are imported inside ``run``.
+Each subcommand lives in its own module ``kvtier.cli.<name>`` exposing ``HELP`` (its line in
+``kvtier --help``), ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args) -> int``;
+:data:`COMMANDS` lists them in help order. Command modules are imported when ``main`` runs (never
+when :mod:`kvtier` is imported) and must keep their top-level imports light: heavy dependencies are
+imported inside ``run``.
 
 Exit codes (all commands): 0 success; 1 the command ran and found a problem (e.g. a failed round
 trip); 2 bad input (config, arguments), printed as one line ``ErrorType: message``; 130 interrupted.
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = _load(name)
         if module is None:
             continue
-        p = module.add_parser(sub)
+        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
+        module.add_arguments(p)
         p.set_defaults(_run=module.run)
         _show_defaults(p)
     return parser

@@ -16,41 +16,51 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli import options
 from kvtier.cli.args import count, duration, positive, positive_int
 from kvtier.cli.progress import ProgressLine
 from kvtier.errors import ConfigError
-from kvtier.extras import install_hint
 
-__all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "add_parser", "run"]
+__all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "DESCRIPTION", "HELP", "add_arguments", "run"]
 
 #: Llama-3-8B in bf16 (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), when no model is given.
 DEFAULT_KV_BYTES_PER_TOKEN = 131072
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``plan`` on an ``argparse`` subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "plan",
-        help="capacity planner: the cheapest RAM/NVMe/Redis/S3 stack for a trace, with cost and savings",
-        description="Search tier sizes for a trace, simulating candidates through the engine "
-        "(as `kvtier replay --simulate`), and recommend the cheapest stack for the objective.",
-    )
-    p.add_argument("trace", nargs="?", help="trace (.jsonl/.jsonl.gz: Mooncake, Qwen-Bailian, generic); "
-                   "default: the shipped conversation trace")  # fmt: skip
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier plan --help``.
+HELP = "capacity planner: the cheapest RAM/NVMe/Redis/S3 stack for a trace, with cost and savings"
+DESCRIPTION = (
+    "Search tier sizes for a trace, simulating candidates through the engine "
+    "(as `kvtier replay --simulate`), and recommend the cheapest stack for the objective."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
+    options.add_trace(p, "trace (.jsonl/.jsonl.gz: Mooncake, Qwen-Bailian, generic); "
+                      "default: the shipped conversation trace")  # fmt: skip
+    _add_model_options(p)
+    _add_menu_options(p)
+    _add_search_options(p)
+    _add_fleet_options(p)
+    options.add_json(p)
+    options.add_progress(p, "progress on stderr (default: on; a line every few seconds when stderr is "
+                         "not a terminal)")  # fmt: skip
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The block size: the model's KV bytes per token and the trace's tokens per block."""
     model = p.add_mutually_exclusive_group()
     model.add_argument("--model-config", metavar="JSON", help="Hugging Face config.json of the model")
     kv_help = f"KV bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN:,}: Llama-3-8B, bf16)"
     model.add_argument("--kv-bytes-per-token", type=positive_int, help=kv_help)
     p.add_argument("--kv-dtype", help="KV-cache dtype overriding the config's (e.g. fp8)")
     bt_help = "tokens per trace block (512 in the Mooncake traces, 16 at vLLM's block size)"
-    p.add_argument(
-        "--block-tokens",
-        "--tokens-per-block",
-        dest="block_tokens",
-        type=positive_int,
-        default=512,
-        help=bt_help,
-    )
+    options.add_tokens_per_block(p, bt_help, flags=("--block-tokens", "--tokens-per-block"))
+
+
+def _add_menu_options(p: argparse.ArgumentParser) -> None:
+    """What may be bought and at what price: tier kinds, the menu, drives, the GPU."""
     p.add_argument("--tiers", default="ram,nvme,redis,s3", help="kinds to search, fastest first (ram first)")
     p.add_argument("--menu", metavar="FILE", help="JSON/YAML overriding prices, bandwidths, latencies, GPU")
     p.add_argument(
@@ -69,6 +79,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-price", type=positive, metavar="USD_PER_HOUR", help="GPU price per hour (default 2.50)"
     )
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    """The objective, the simulated stacks' policies, the search's size and its outputs."""
     goal = p.add_mutually_exclusive_group()
     goal.add_argument(
         "--target-hit", metavar="PCT", help="cheapest stack reaching this block hit ratio (30%%)"
@@ -90,11 +104,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--write-config", metavar="PATH", help="write the recommended stack's kvtier config (JSON)"
     )
     p.add_argument("--plot", metavar="PREFIX", help="write PREFIX-capacity.png and PREFIX-pareto.png")
-    fleet = p.add_argument_group("fleet planning (docs/plan.md, 'Planning a fleet')")
-    fleet.add_argument(
-        "--instances",
-        type=int,
-        metavar="N",
+
+
+def _add_fleet_options(p: argparse.ArgumentParser) -> None:
+    fleet = options.add_fleet_group(
+        p,
+        "fleet planning (docs/plan.md, 'Planning a fleet')",
+        instances=int,  # plan_fleet checks the range (1..1024) and names --instances
         help="plan a fleet of N engine instances: compare routers, shared store, p2p",
     )
     fleet.add_argument(
@@ -109,17 +125,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PCT",
         help="shared store size as a share of the unique blocks (25%%)",
     )
-    fleet.add_argument(
-        "--imbalance",
-        type=float,
-        default=0.25,
-        help="prefix router's load bound: <= (1 + X) x the mean load (0.25)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress on stderr (default: on; a line every few seconds when stderr is "
-                   "not a terminal)")  # fmt: skip
-    return p
+    options.add_imbalance(fleet)
 
 
 def _fraction(text: str, option: str) -> float:
@@ -173,52 +179,73 @@ def _kv(args: argparse.Namespace, notes: list[str]) -> tuple[int, dict[str, Any]
     return DEFAULT_KV_BYTES_PER_TOKEN, None
 
 
+#: Options passed unchanged to both :func:`kvtier.plan.plan` and :func:`kvtier.plan.fleet.plan_fleet`
+#: (argparse dest = keyword), and those only ``plan`` takes.
+_COMMON_OPTIONS = ("policy", "trace_seconds", "jobs")
+_PLAN_OPTIONS = ("write_policy", "simulations", "refine")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``kvtier plan`` (see :func:`add_parser`); returns the exit code."""
-    from kvtier.plan.menu import load_menu
-    from kvtier.sim.trace import guess_block_tokens, read_trace
+    """Run ``kvtier plan`` (see :func:`add_arguments`); returns the exit code."""
+    from kvtier.plan import plan
+    from kvtier.plan.render import render_plan
 
     if args.plot:
-        import importlib.util
-
-        # Before the minute of simulation, not after it: the plot is the one part needing an extra.
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("--plot", f"needs matplotlib: {install_hint('matplotlib')}")
+        options.require("matplotlib", "--plot")
     notes: list[str] = []
     kv_bytes, model = _kv(args, notes)
-    menu = (
+    menu = _menu(args)
+    target = _fraction(args.target_hit, "--target-hit") if args.target_hit else None
+    budget = _dollars(args.budget) if args.budget else None
+    with _trace_path(args.trace) as path:
+        requests = _read_requests(path, args.limit, args.block_tokens)
+        progress = ProgressLine(sys.stderr) if args.progress is not False else None
+        with progress or contextlib.nullcontext():
+            common: dict[str, Any] = {
+                **{k: getattr(args, k) for k in _COMMON_OPTIONS},
+                "kv_bytes_per_token": kv_bytes,
+                "tokens_per_block": args.block_tokens,
+                "menu": menu,
+                "name": path.name,
+                "progress": progress.update if progress else None,
+            }
+            if args.instances is not None:
+                return _run_fleet(args, requests, common, notes)
+            asked = {"kinds": args.tiers.split(","), "target_hit": target, "budget": budget, "model": model}
+            result = plan(requests, **common, **asked, **{k: getattr(args, k) for k in _PLAN_OPTIONS})
+    result.notes[:0] = notes
+    _print(args, result, _outputs(args, result), render_plan)
+    return 0 if result.recommendation is not None else 1
+
+
+def _menu(args: argparse.Namespace) -> Any:
+    """The menu file (or the built-in one) with the GPU and NVMe drive options applied."""
+    from kvtier.plan.menu import load_menu
+
+    return (
         load_menu(args.menu)
         .with_gpu(prefill_tokens_per_second=args.prefill_tokens_per_second, price_per_hour=args.gpu_price)
         .with_drives(
             "nvme", args.nvme_drives, args.nvme_drive_size, where=("--nvme-drives", "--nvme-drive-size")
         )
     )
-    target = _fraction(args.target_hit, "--target-hit") if args.target_hit else None
-    budget = _dollars(args.budget) if args.budget else None
-    show = args.progress is not False
-    with _trace_path(args.trace) as path:
-        requests = read_trace(path, limit=args.limit)
-        if not requests:
-            raise ConfigError("trace", f"{path}: no requests to plan for")
-        guess = guess_block_tokens(requests, prefer=args.block_tokens)
-        if guess is not None and guess != args.block_tokens:
-            raise ConfigError(
-                "--block-tokens",
-                f"{path.name}: len(hash_ids) matches input_length at {guess}-token blocks, not "
-                f"{args.block_tokens}; pass --block-tokens {guess}",
-            )
 
-        progress = ProgressLine(sys.stderr) if show else None
-        with progress or contextlib.nullcontext():
-            update = progress.update if progress else None
-            if args.instances is not None:
-                return _run_fleet(args, requests, path, kv_bytes, menu, update, notes)
-            result = _plan(args, requests, kv_bytes, menu, target, budget, path, model, progress)
-    result.notes[:0] = notes
-    from kvtier.plan.render import render_plan
 
-    _print(args, result, _outputs(args, result), render_plan)
-    return 0 if result.recommendation is not None else 1
+def _read_requests(path: Path, limit: int | None, block_tokens: int) -> Any:
+    """The trace's requests; a trace whose blocks are plainly not ``--block-tokens`` long is refused."""
+    from kvtier.sim.trace import guess_block_tokens, read_trace
+
+    requests = read_trace(path, limit=limit)
+    if not requests:
+        raise ConfigError("trace", f"{path}: no requests to plan for")
+    guess = guess_block_tokens(requests, prefer=block_tokens)
+    if guess is not None and guess != block_tokens:
+        raise ConfigError(
+            "--block-tokens",
+            f"{path.name}: len(hash_ids) matches input_length at {guess}-token blocks, not "
+            f"{block_tokens}; pass --block-tokens {guess}",
+        )
+    return requests
 
 
 def _print(args: argparse.Namespace, result: Any, written: list[str], render: Any) -> None:
@@ -235,15 +262,7 @@ def _print(args: argparse.Namespace, result: Any, written: list[str], render: An
             print(f"wrote {f}")
 
 
-def _run_fleet(
-    args: argparse.Namespace,
-    requests: Any,
-    path: Path,
-    kv_bytes: int,
-    menu: Any,
-    progress: Any,
-    notes: list[str],
-) -> int:
+def _run_fleet(args: argparse.Namespace, requests: Any, common: dict[str, Any], notes: list[str]) -> int:
     """``kvtier plan --instances N``: compare fleet designs (kvtier.plan.fleet) and recommend one."""
     from kvtier.plan.fleet import plan_fleet, plot_fleet, render_fleet
 
@@ -253,18 +272,11 @@ def _run_fleet(
         )
     result = plan_fleet(
         requests,
+        **common,
         instances=args.instances,
-        kv_bytes_per_token=kv_bytes,
-        tokens_per_block=args.block_tokens,
-        menu=menu,
-        name=path.name,
-        policy=args.policy,
-        trace_seconds=args.trace_seconds,
         ram_share=_fraction(args.ram_share, "--ram-share"),
         shared_share=_fraction(args.shared_share, "--shared-share"),
         imbalance=args.imbalance,
-        jobs=args.jobs,
-        progress=progress,
     )
     result.notes[:0] = notes
     written: list[str] = []
@@ -274,39 +286,6 @@ def _run_fleet(
         written.append(out)
     _print(args, result, written, render_fleet)
     return 0
-
-
-def _plan(
-    args: argparse.Namespace,
-    requests: Any,
-    kv_bytes: int,
-    menu: Any,
-    target: float | None,
-    budget: float | None,
-    path: Path,
-    model: dict[str, Any] | None,
-    progress: ProgressLine | None,
-) -> Any:
-    from kvtier.plan import plan
-
-    return plan(
-        requests,
-        kv_bytes_per_token=kv_bytes,
-        tokens_per_block=args.block_tokens,
-        menu=menu,
-        kinds=args.tiers.split(","),
-        target_hit=target,
-        budget=budget,
-        name=path.name,
-        policy=args.policy,
-        write_policy=args.write_policy,
-        trace_seconds=args.trace_seconds,
-        simulations=args.simulations,
-        refine=args.refine,
-        jobs=args.jobs,
-        model=model,
-        progress=progress.update if progress else None,
-    )
 
 
 def _outputs(args: argparse.Namespace, result: Any) -> list[str]:

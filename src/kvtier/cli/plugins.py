@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-__all__ = ["add_parser", "run"]
+from kvtier.cli import options
+
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "plugins",
-        help="list tiers, policies and specs (built-in, registered, entry point)",
-        description=(
-            "List every plug-in kvtier resolves by name: kind, name, source (built-in, registered, entry "
-            "point) and import target module:Class. Nothing is imported. Out-of-tree code named by "
-            "module_path in a config is not listed: it is loaded only when a config asks for it."
-        ),
-    )
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier plugins --help``.
+HELP = "list tiers, policies and specs (built-in, registered, entry point)"
+DESCRIPTION = (
+    "List every plug-in kvtier resolves by name: kind, name, source (built-in, registered, entry "
+    "point) and import target module:Class. Nothing is imported. Out-of-tree code named by "
+    "module_path in a config is not listed: it is loaded only when a config asks for it."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``plugins`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
     p.add_argument("--kind", choices=["tier", "policy", "spec"], help="only this kind")
-    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    return p
+    options.add_json(p, "print a JSON list instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:

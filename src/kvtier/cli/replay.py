@@ -21,46 +21,44 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli import args as types
+from kvtier.cli import options
 from kvtier.cli.progress import ProgressLine
 from kvtier.errors import ConfigError, KvtierError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 DEFAULT_SWEEP_CAPACITIES = "1%,5%,10%,25%,50%"
 DEFAULT_SWEEP_POLICIES = "lru,arc,s3fifo,sieve,prefix"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``replay`` on an ``argparse`` subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "replay",
-        help="replay a KV-cache trace through the engine (hit ratios, capacity planning)",
-        description=(
-            "Replay a Mooncake or generic JSONL trace (optionally gzip) through the kvtier engine. "
-            "Default: the shipped conversation trace on RAM + a temporary fs tier, real bytes."
-        ),
-    )
-    p.add_argument("trace", nargs="?", help="trace file (.jsonl or .jsonl.gz); default: the shipped trace")
-    p.add_argument(
-        "--config",
-        "-c",
-        help="config file (.json/.yaml) or JSON string; default: RAM + temporary fs tier "
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier replay --help``.
+HELP = "replay a KV-cache trace through the engine (hit ratios, capacity planning)"
+DESCRIPTION = (
+    "Replay a Mooncake or generic JSONL trace (optionally gzip) through the kvtier engine. "
+    "Default: the shipped conversation trace on RAM + a temporary fs tier, real bytes."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``replay`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
+    options.add_trace(p, "trace file (.jsonl or .jsonl.gz); default: the shipped trace")
+    options.add_config(
+        p,
+        "config file (.json/.yaml) or JSON string; default: RAM + temporary fs tier "
         "(with --simulate/--sweep: the RAM tier alone)",
     )
+    _add_run_options(p)
+    _add_fleet_options(p)
+    _add_output_options(p)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """What is replayed and how: mode, policy, capacity, block shape, sweep and OPT."""
     p.add_argument("--simulate", action="store_true", help="metadata only, virtual clock, same engine")
     p.add_argument("--policy", help="eviction policy (comma-separated list with --sweep)")
     p.add_argument("--capacity", help="primary capacity: 1%% of unique blocks, 1827 blocks or 64MiB")
-    p.add_argument(
-        "--block-bytes",
-        type=types.size,
-        help="synthetic payload bytes per block, e.g. 4096 or 4KiB (keeps the slot count)",
-    )
-    p.add_argument(
-        "--tokens-per-block",
-        type=types.positive_int,
-        default=512,
-        help="tokens per trace block (default 512)",
-    )
+    options.add_block_bytes(p, "synthetic payload bytes per block, e.g. 4096 or 4KiB (keeps the slot count)")
+    options.add_tokens_per_block(p, "tokens per trace block (default 512)")
     p.add_argument("--limit", type=types.positive_int, help="replay only the first N requests")
     p.add_argument("--sweep", action="store_true", help="capacity x policy sweep (simulate) with OPT")
     p.add_argument("--plot", metavar="PNG", help="write hit ratio vs capacity plot (implies --sweep)")
@@ -79,11 +77,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="real mode: finish each request's tier I/O before the next request (fs tiers on one "
         "I/O thread), so per-tier hits match --simulate exactly; no effect with --simulate/--sweep",
     )
-    fleet = p.add_argument_group("fleet simulation (with --simulate; docs/plan.md, 'Planning a fleet')")
-    fleet.add_argument(
-        "--instances",
-        type=types.positive_int,
-        metavar="N",
+
+
+def _add_fleet_options(p: argparse.ArgumentParser) -> None:
+    fleet = options.add_fleet_group(
+        p,
+        "fleet simulation (with --simulate; docs/plan.md, 'Planning a fleet')",
+        instances=types.positive_int,
         help="simulate N engine instances behind a router, each with the config's stack",
     )
     fleet.add_argument(
@@ -97,13 +97,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAMES",
         help="secondary tiers shared by all instances (default: the redis/obj/mooncake ones)",
     )
-    fleet.add_argument(
-        "--imbalance",
-        type=float,
-        default=0.25,
-        help="prefix router's load bound: <= (1 + X) x the mean load (0.25)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    options.add_imbalance(fleet)
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Where the results go: JSON or tables, a live metrics endpoint, progress on stderr."""
+    options.add_json(p)
     p.add_argument(
         "--metrics-port",
         type=types.port,
@@ -117,13 +116,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --metrics-port: seconds the final values stay up after the replay, one scrape "
         "interval (default 15; 0: close at once)",
     )
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress on stderr (default: on; a bar on a terminal, a line every few seconds otherwise)",
+    options.add_progress(
+        p, "progress on stderr (default: on; a bar on a terminal, a line every few seconds otherwise)"
     )
-    return p
 
 
 def _fail(exc: BaseException) -> int:
@@ -243,7 +238,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``kvtier replay`` (see :func:`add_parser`); returns the exit code."""
+    """Run ``kvtier replay`` (see :func:`add_arguments`); returns the exit code."""
     try:
         return _run(args)
     except BrokenPipeError:
@@ -268,11 +263,7 @@ def _run(args: argparse.Namespace) -> int:
     show_progress = args.progress is not False
 
     if args.plot is not None:
-        import importlib.util
-
-        # Before the sweep, not after minutes of it: the plot is the one part that needs an extra.
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("--plot", "needs matplotlib: pip install 'kvtier[plot]'")
+        options.require("matplotlib", "--plot")  # before the sweep, not after minutes of it
     with _resolve(args) as (trace_path, config):
         with _status(show_progress, args.progress is True, f"reading {trace_path.name}"):
             requests = read_trace(trace_path, limit=args.limit)

@@ -24,18 +24,19 @@ import time
 from typing import Any
 
 from kvtier.cli import args as types
+from kvtier.cli import options
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``serve`` on an ``argparse`` subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "serve",
-        help="run an engine from a config and serve its Prometheus metrics",
-        description="Build the configured engine and serve /metrics on 127.0.0.1 until interrupted.",
-    )
-    p.add_argument("--config", "-c", help="config file or JSON string (default: built-in defaults)")
+#: The command's line in ``kvtier --help``; :data:`DESCRIPTION` opens ``kvtier serve --help``.
+HELP = "run an engine from a config and serve its Prometheus metrics"
+DESCRIPTION = "Build the configured engine and serve /metrics on 127.0.0.1 until interrupted."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` options to its parser (built by :func:`kvtier.cli.main.build_parser`)."""
+    options.add_config(p, "config file or JSON string (default: built-in defaults)")
     p.add_argument(
         "--metrics-port", type=types.port, help="port on 127.0.0.1 (0 = any free port); default: config"
     )
@@ -53,7 +54,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--p2p-secret-file", help="file (mode 0600) holding the shared secret")
     g.add_argument("--p2p-directory", help="redis:// URL of the fleet directory to publish held blocks to")
     g.add_argument("--p2p-layout", default="", help="layout fingerprint peers must present")
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,10 +17,12 @@ so a bomb costs as little to refuse as its text to parse. The file itself is rea
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.extras import install_hint
 from kvtier.files import read_bounded
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "loads_json",
     "parse_config_text",
     "read_config_file",
+    "read_object_file",
 ]
 
 #: Deepest nesting of objects/lists a config may have (real ones use about 4).
@@ -38,21 +41,38 @@ MAX_CONFIG_DEPTH = 32
 MAX_CONFIG_NODES = 100_000
 
 
-def read_config_file(path: Path) -> Any:
+def read_config_file(path: Path, *, what: str = "config file") -> Any:
     """The parsed content of ``path`` (``.yaml``/``.yml`` as YAML, anything else as JSON); empty -> ``{}``.
 
     Raises:
-        ConfigError: the file cannot be read, is not UTF-8, or has a syntax error (with line:column).
+        ConfigError: the file cannot be read, is not UTF-8, or has a syntax error (with line:column);
+            ``what`` names the kind of file in the message.
     """
-    raw = read_bounded(path, "", what="config file")
+    raw = read_bounded(path, "", what=what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         # Not an OSError: without this a binary file escaped as a bare ValueError with a traceback.
-        raise ConfigError(
-            "", f"{path}: config file is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from exc
+        raise ConfigError("", f"{path}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     return parse_config_text(text, str(path), yaml_syntax=path.suffix.lower() in (".yaml", ".yml"))
+
+
+def read_object_file(path: str | Path, option: str, *, what: str, expected: str) -> Mapping[str, Any]:
+    """The object in the file an option names (``--menu``, ``--model-config``), read as a config
+    file is (:func:`read_config_file`: bounded, UTF-8, JSON or YAML by suffix, depth-checked).
+
+    Raises:
+        ConfigError: keyed by ``option``: the file's problem, or ``expected`` (what the object
+            should be) when it holds something else.
+    """
+    p = Path(path)
+    try:
+        data = read_config_file(p, what=what)
+    except ConfigError as exc:
+        raise ConfigError(option, exc.detail) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(option, f"{p}: expected {expected}")
+    return data
 
 
 def parse_config_text(text: str, where: str, *, yaml_syntax: bool) -> Any:
@@ -134,7 +154,7 @@ def _parse_yaml(text: str, where: str) -> Any:
         import yaml
     except ImportError as exc:
         raise ConfigError(
-            "", f"{where}: YAML needs PyYAML: pip install 'kvtier[cli]' (or use a .json file)"
+            "", f"{where}: YAML needs PyYAML: {install_hint('yaml')} (or use a .json file)"
         ) from exc
     try:
         return yaml.safe_load(text)

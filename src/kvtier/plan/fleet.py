@@ -90,12 +90,11 @@ class FleetPlan:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The ``kvtier plan --instances N --json`` object: the plain fields as they are, the
+        recommendation by its label and the points as ``designs``."""
+        plain = ("trace", "instances", "block_bytes", "unique_blocks", "trace_seconds")
         return {
-            "trace": self.trace,
-            "instances": self.instances,
-            "block_bytes": self.block_bytes,
-            "unique_blocks": self.unique_blocks,
-            "trace_seconds": self.trace_seconds,
+            **{name: getattr(self, name) for name in plain},
             "recommendation": self.recommendation.design.label,
             "designs": [p.to_json() for p in self.points],
             "notes": list(self.notes),
@@ -294,9 +293,9 @@ def render_fleet(plan: FleetPlan, table: Callable[[str, Sequence[str], Sequence[
 
 def plot_fleet(plan: FleetPlan, path: str) -> None:
     """A bar chart of net saving and prefix hit ratio per design (PNG)."""
-    from kvtier.plan.plots import _pyplot
+    from kvtier.sim.plot import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     labels = [p.design.label for p in plan.points]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ys = [p.net_saving for p in plan.points]

@@ -45,6 +45,7 @@ from typing import Any
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError
+from kvtier.numbers import NONNEGATIVE, POSITIVE, Range, check_bandwidth, check_number
 
 __all__ = [
     "DEFAULT_GPU",
@@ -172,29 +173,16 @@ _GPU_KEYS = ("prefill_tokens_per_second", "price_per_hour")
 
 
 def _number(value: Any, key: str, *, positive: bool = True) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (positive and value == 0)
-    ):
-        raise ConfigError(key, f"expected a number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
+    """A menu figure: finite, > 0 (``>= 0`` for prices and latencies); kvtier.numbers' one check."""
+    return float(check_number(key, value, POSITIVE if positive else NONNEGATIVE))
 
 
-def _bandwidth(value: Any, key: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return _number(value, key)
-    bw = parse_size(value, key)
-    if bw <= 0:
-        raise ConfigError(key, "bandwidth must be > 0 bytes per second")
-    return float(bw)
+#: Drives one node holds.
+_DRIVES = Range(1, MAX_DRIVES, integer=True, unit="drives")
 
 
 def _drives(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRIVES:
-        raise ConfigError(key, f"expected a whole number of drives 1..{MAX_DRIVES}, got {value!r}")
-    return value
+    return int(check_number(key, value, _DRIVES))
 
 
 def _drive_bytes(value: Any, key: str) -> int:
@@ -233,7 +221,7 @@ def menu_from_mapping(raw: Mapping[str, Any], base: Menu | None = None, *, where
             )
             if "price_per_gib_month" in spec
             else k.price_per_gib_month,
-            load_bandwidth=_bandwidth(spec["load_bandwidth"], f"{path}.load_bandwidth")
+            load_bandwidth=check_bandwidth(f"{path}.load_bandwidth", spec["load_bandwidth"])
             if "load_bandwidth" in spec
             else k.load_bandwidth,
             load_latency=_number(spec["load_latency"], f"{path}.load_latency", positive=False)
@@ -269,18 +257,7 @@ def load_menu(path: str | Path | None) -> Menu:
     """The default menu, with the figures of a JSON/YAML file (``--menu``) applied when given."""
     if path is None:
         return Menu()
-    from kvtier.config.files import parse_config_text
-    from kvtier.files import read_bounded
+    from kvtier.config.files import read_object_file
 
-    p = Path(path)
-    try:
-        text = read_bounded(p, "--menu").decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("--menu", f"{p}: cannot parse (not UTF-8 text)") from None
-    try:
-        raw = parse_config_text(text, str(p), yaml_syntax=p.suffix.lower() in (".yaml", ".yml"))
-    except ConfigError as exc:  # syntax, depth, alias bombs: one line naming the file
-        raise ConfigError("--menu", f"cannot parse: {exc.detail}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError("--menu", f"{p}: expected an object with 'gpu' and/or 'tiers'")
-    return menu_from_mapping(raw, where=p.name)
+    raw = read_object_file(path, "--menu", what="menu file", expected="an object with 'gpu' and/or 'tiers'")
+    return menu_from_mapping(raw, where=Path(path).name)

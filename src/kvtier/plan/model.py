@@ -25,7 +25,7 @@ Refused with a :class:`~kvtier.errors.ConfigError` naming the key and the way ou
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,36 +78,16 @@ class ModelKV:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "bytes_per_token": self.bytes_per_token,
-            "layers": self.layers,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "dtype_bytes": self.dtype_bytes,
-            "attention": self.attention,
-            "notes": list(self.notes),
-        }
+        """Every field, in declaration order (the ``model`` object of ``kvtier plan --json``)."""
+        return asdict(self)
 
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
     """Read a ``config.json``; :class:`ConfigError` naming the file on any problem."""
-    from kvtier.config.files import check_depth, loads_json
-    from kvtier.files import read_bounded
+    from kvtier.config.files import read_object_file
 
-    p = Path(path)
-    try:
-        text = read_bounded(p, "--model-config").decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("--model-config", f"{p}: not JSON (not UTF-8 text)") from None
-    try:
-        data = loads_json(text, str(p))
-        check_depth(data, str(p))
-    except ConfigError as exc:  # a syntax error, or nested too deep (a RecursionError otherwise)
-        raise ConfigError("--model-config", f"{p}: not JSON ({exc.detail.removeprefix(f'{p}')})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("--model-config", f"{p}: expected a JSON object (a Hugging Face config.json)")
-    return data
+    expected = "a JSON object (a Hugging Face config.json)"
+    return dict(read_object_file(path, "--model-config", what="model config", expected=expected))
 
 
 def _int(cfg: Mapping[str, Any], key: str, where: str) -> int:

@@ -23,6 +23,7 @@ from kvtier.plan.menu import Menu
 from kvtier.plan.points import PlanContext, Point
 from kvtier.plan.search import DEFAULT_GRID, Objective, pareto_front, search, staging_blocks
 from kvtier.plan.stack import max_blocks
+from kvtier.sim.prepared import PreparedTrace
 from kvtier.sim.trace import TraceRequest
 
 __all__ = ["DEFAULT_KINDS_SEARCHED", "PlanResult", "plan"]
@@ -163,20 +164,14 @@ def plan(
     ``tokens_per_block`` is the block size every tier stores. Raises :class:`ConfigError` naming the
     option on bad input.
     """
-    from kvtier.config import load_config
-    from kvtier.keys import KeyNamespace
-    from kvtier.sim.prepared import prepare_trace
-
     t0 = time.perf_counter()
     objective = Objective.make(target_hit, budget)
     menu = menu or Menu()
     kinds = _checked_kinds(requests, kv_bytes_per_token, tokens_per_block, menu, kinds)
     seconds = _trace_seconds(requests, trace_seconds)
     notes: list[str] = []
-    block_bytes = kv_bytes_per_token * tokens_per_block
-    kept = _worth_loading(kinds, menu, block_bytes, tokens_per_block, notes)
-    ns = KeyNamespace.from_config(load_config({"block_bytes": block_bytes}), block_size=tokens_per_block)
-    trace = prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
+    kept = _worth_loading(kinds, menu, kv_bytes_per_token * tokens_per_block, tokens_per_block, notes)
+    trace = _prepare(requests, kv_bytes_per_token, tokens_per_block, name)
     t1 = time.perf_counter()
     distances = stack_distances(trace.flat)
     curve = lru_curve(trace.flat, distances)
@@ -210,9 +205,7 @@ def plan(
         context=ctx,
     )
     if rec is not None:
-        largest = max(b for _, b in rec.stack.sizes)
-        result.per_turn = _per_turn(requests, distances, largest)
-        result.degraded = _degraded(ctx, rec)
+        _recommendation_details(result, rec, requests, distances)
     result.timings = {
         "prepare_seconds": t1 - t0,
         "curve_seconds": t2 - t1,
@@ -222,6 +215,30 @@ def plan(
         "total_seconds": time.perf_counter() - t0,
     }
     return result
+
+
+def _prepare(
+    requests: Sequence[TraceRequest], kv_bytes_per_token: int, tokens_per_block: int, name: str
+) -> PreparedTrace:
+    """The trace keyed once, as an engine with blocks of this size would key it."""
+    from kvtier.config import load_config
+    from kvtier.keys import KeyNamespace
+    from kvtier.sim.prepared import prepare_trace
+
+    config = load_config({"block_bytes": kv_bytes_per_token * tokens_per_block})
+    ns = KeyNamespace.from_config(config, block_size=tokens_per_block)
+    return prepare_trace(requests, ns, name=name, tokens_per_block=tokens_per_block)
+
+
+def _recommendation_details(
+    result: PlanResult, rec: Point, requests: Sequence[TraceRequest], distances: np.ndarray
+) -> None:
+    """The recommended stack's hit ratio per conversation turn (at its largest tier) and, per
+    striped kind, the same stack with one drive failed."""
+    assert result.context is not None
+    largest = max(b for _, b in rec.stack.sizes)
+    result.per_turn = _per_turn(requests, distances, largest)
+    result.degraded = _degraded(result.context, rec)
 
 
 def _checked_kinds(

@@ -23,19 +23,9 @@ from kvtier.plan.economics import GIB
 from kvtier.plan.planner import PlanResult
 from kvtier.plan.points import estimate
 from kvtier.plan.stack import Stack
+from kvtier.sim.plot import pyplot
 
 __all__ = ["plot_capacity", "plot_pareto"]
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - installed with the cli extra
-        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[plot]'") from exc
-    return plt
 
 
 def _title(result: PlanResult, what: str) -> str:
@@ -59,7 +49,7 @@ def plot_capacity(result: PlanResult, path: str | os.PathLike[str]) -> None:
     ctx = result.context
     if rec is None or ctx is None:
         raise KvtierError("no recommendation to plot (target not reached)")
-    plt = _pyplot()
+    plt = pyplot()
     kinds = result.kinds
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4.6), dpi=100, squeeze=False)
     try:
@@ -109,7 +99,7 @@ def plot_capacity(result: PlanResult, path: str | os.PathLike[str]) -> None:
 
 def plot_pareto(result: PlanResult, path: str | os.PathLike[str]) -> None:
     """Storage cost against GPU value ($/month): estimates, simulated stacks, the front, the answer."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=100)
     try:
         est = result.estimates

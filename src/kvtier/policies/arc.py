@@ -26,7 +26,7 @@ list is taken, falling back to the other list); an ``insert`` of a ghost key whi
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
@@ -59,36 +59,31 @@ class ARCPolicy(QuotaAwarePolicy):
         self._p = 0.0
         # A ghost hit consumed by evict(incoming=k): the following insert(k) goes to T2.
         self._pending_ghost: BlockKey | None = None
+        self._resident = (self._t1, self._t2)
 
     @property
     def target_t1(self) -> float:
         """ARC's adaptive target size ``p`` of ``T1``."""
         return self._p
 
-    def __len__(self) -> int:
-        return len(self._t1) + len(self._t2)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._t1 or key in self._t2
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter([*self._t1, *self._t2])
-
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
         if self._pending_ghost == key:
             self._pending_ghost = None
             self._t2[key] = None
             return
-        if key in self._b1:
-            self._adapt(from_b1=True)
-            del self._b1[key]
-            self._t2[key] = None
-        elif key in self._b2:
-            self._adapt(from_b1=False)
-            del self._b2[key]
+        ghost = self._ghost_of(key)
+        if ghost is not None:
+            self._adapt(from_b1=ghost is self._b1)
+            del ghost[key]
             self._t2[key] = None
         else:
             self._t1[key] = None
+
+    def _ghost_of(self, key: BlockKey) -> _Lru | None:
+        """The ghost list (B1 or B2) remembering ``key``, if one does."""
+        if key in self._b1:
+            return self._b1
+        return self._b2 if key in self._b2 else None
 
     def _touch(self, key: BlockKey) -> None:
         if key in self._t1:
@@ -129,16 +124,12 @@ class ARCPolicy(QuotaAwarePolicy):
 
     def _evict_one(self, incoming: BlockKey | None, protected: Collection[BlockKey]) -> BlockKey:
         c = self.capacity
-        if incoming is not None and incoming in self._b1:
-            self._adapt(from_b1=True)
-            victim = self._replace(False, protected)
-            del self._b1[incoming]
-            self._pending_ghost = incoming
-            return victim
-        if incoming is not None and incoming in self._b2:
-            self._adapt(from_b1=False)
-            victim = self._replace(True, protected)
-            del self._b2[incoming]
+        if incoming is not None and (ghost := self._ghost_of(incoming)) is not None:
+            # A ghost hit: adapt p, make room as REPLACE says, and let insert(incoming) go to T2.
+            from_b1 = ghost is self._b1
+            self._adapt(from_b1=from_b1)
+            victim = self._replace(not from_b1, protected)
+            del ghost[incoming]
             self._pending_ghost = incoming
             return victim
         if len(self._t1) + len(self._b1) + 1 > c:

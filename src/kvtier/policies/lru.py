@@ -8,7 +8,7 @@ exactly (same hit ratio on any trace), and is the fastest built-in (several mill
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.quota import QuotaAwarePolicy
@@ -28,15 +28,7 @@ class LRUPolicy(QuotaAwarePolicy):
         super().__init__(capacity, tenant_quota=tenant_quota)
         # Front = least recently used. Values unused; an OrderedDict is a C-level linked hash map.
         self._order: OrderedDict[BlockKey, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._order
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(list(self._order))
+        self._resident = (self._order,)
 
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
         self._order[key] = None

@@ -47,15 +47,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
+from kvtier.numbers import NONNEGATIVE, Range, check_number
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
 
 __all__ = ["PrefixAwarePolicy"]
 
 _MAX_CLASS = 8  # use counts above this share one reuse estimate
 _REFRESH = 256  # uses between refreshes of the cached curve
+#: A fixed horizon: block accesses, > 0 (``None`` is the adaptive one).
+_HORIZON = Range(0, 1e15, open_low=True, unit="block accesses")
 _STRANDED = -math.inf
 
 
@@ -89,13 +92,14 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         tenant_quota: float | None = None,
     ) -> None:
         super().__init__(capacity, tenant_quota=tenant_quota)
-        if horizon is not None and horizon <= 0:
-            raise ValueError(f"horizon must be > 0 block accesses (or None for adaptive), got {horizon!r}")
-        if ghost_factor < 0:
-            raise ValueError(f"ghost_factor must be >= 0, got {ghost_factor!r}")
+        # kvtier.numbers' one check (finite, in range): NaN passed the old `<= 0` comparisons.
+        if horizon is not None:
+            check_number("horizon", horizon, _HORIZON)
+        check_number("ghost_factor", ghost_factor, NONNEGATIVE)
         self._fixed_horizon = None if horizon is None else float(horizon)
         self._ghost_cap = int(ghost_factor * self.capacity)
         self._entries: dict[BlockKey, _Entry] = {}
+        self._resident = (self._entries,)
         # Resident children per parent key (the parent itself may be absent: then they are stranded).
         self._kids: dict[BlockKey, set[BlockKey]] = {}
         self._heap: list[tuple[float, int, BlockKey]] = []  # candidate leaves, lazily validated
@@ -114,15 +118,6 @@ class PrefixAwarePolicy(QuotaAwarePolicy):
         self._refresh()
 
     # ---------------------------------------------------------------------------------- queries
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(list(self._entries))
-
     @property
     def horizon(self) -> float:
         """Current horizon (block accesses) weighing frequency against recency."""

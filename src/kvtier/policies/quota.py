@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.base import CachePolicy
@@ -103,8 +104,10 @@ class QuotaAwarePolicy(CachePolicy):
     of a resident key counts as a touch.
 
     Subclasses implement ``_insert``, ``_touch``, ``_remove`` (drop a resident key, no ghost entry)
-    and ``_evict`` (the policy's own atomic choice, same contract as :meth:`CachePolicy.evict`), plus
-    ``__len__``/``__contains__``/``__iter__``. They must not call the public methods internally.
+    and ``_evict`` (the policy's own atomic choice, same contract as :meth:`CachePolicy.evict`), and
+    set ``_resident`` to the mappings whose keys are the resident keys (disjoint; ghosts apart): one
+    for most policies, ARC's T1 and T2, S3-FIFO's small and main queues. ``len``, ``in`` and
+    iteration read them. Subclasses must not call the public methods internally.
     """
 
     def __init__(self, capacity: int, *, tenant_quota: float | None = None) -> None:
@@ -112,6 +115,17 @@ class QuotaAwarePolicy(CachePolicy):
         self._quota: TenantQuota | None = (
             None if tenant_quota is None else TenantQuota(self.capacity, float(tenant_quota))
         )
+        self._resident: tuple[Mapping[BlockKey, Any], ...] = ()
+
+    def __len__(self) -> int:
+        return sum(map(len, self._resident))
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in keys for keys in self._resident)
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        # A snapshot: the owner may evict while it walks the keys.
+        return iter([key for keys in self._resident for key in keys])
 
     @abstractmethod
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None: ...

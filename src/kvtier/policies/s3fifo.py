@@ -29,9 +29,10 @@ Options: ``small_size_ratio`` (0.1), ``ghost_size_ratio`` (0.9), ``move_to_main_
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from kvtier.keys import BlockInfo, BlockKey
+from kvtier.numbers import COUNT, NONNEGATIVE, check_number
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
 
 __all__ = ["S3FIFOPolicy"]
@@ -56,10 +57,8 @@ class S3FIFOPolicy(QuotaAwarePolicy):
         super().__init__(capacity, tenant_quota=tenant_quota)
         if not 0.0 < small_size_ratio < 1.0:
             raise ValueError(f"small_size_ratio must be in (0, 1), got {small_size_ratio!r}")
-        if ghost_size_ratio < 0.0:
-            raise ValueError(f"ghost_size_ratio must be >= 0, got {ghost_size_ratio!r}")
-        if move_to_main_threshold < 1:
-            raise ValueError(f"move_to_main_threshold must be >= 1, got {move_to_main_threshold!r}")
+        check_number("ghost_size_ratio", ghost_size_ratio, NONNEGATIVE)
+        check_number("move_to_main_threshold", move_to_main_threshold, COUNT)
         # Same integer rounding as libCacheSim: small = floor(c * ratio), main = the rest.
         self._small_cap = max(1, int(self.capacity * small_size_ratio))
         self._main_cap = self.capacity - self._small_cap
@@ -71,15 +70,7 @@ class S3FIFOPolicy(QuotaAwarePolicy):
         self._ghost: OrderedDict[BlockKey, None] = OrderedDict()
         self._has_evicted = False
         self._pending_ghost: BlockKey | None = None
-
-    def __len__(self) -> int:
-        return len(self._small) + len(self._main)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._small or key in self._main
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter([*self._small, *self._main])
+        self._resident = (self._small, self._main)
 
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
         ghost_hit = self._pending_ghost == key

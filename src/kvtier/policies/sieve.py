@@ -11,7 +11,7 @@ without evicting them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 
 from kvtier.keys import BlockInfo, BlockKey
 from kvtier.policies.quota import QuotaAwarePolicy, unprotected_count
@@ -40,15 +40,7 @@ class SIEVEPolicy(QuotaAwarePolicy):
         self._head: _Node | None = None  # newest
         self._tail: _Node | None = None  # oldest
         self._hand: _Node | None = None  # None: start from the tail
-
-    def __len__(self) -> int:
-        return len(self._nodes)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._nodes
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(list(self._nodes))
+        self._resident = (self._nodes,)
 
     def _insert(self, key: BlockKey, info: BlockInfo | None) -> None:
         node = _Node(key)

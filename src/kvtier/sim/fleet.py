@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -109,23 +109,49 @@ class FleetReport:
     """What a fleet simulation measured (see the module docstring)."""
 
     trace: str
-    instances: int
     router: str
     shared_tiers: list[str]
     p2p: bool
     block_refs: int
     tokens: int
-    requests: list[int]
     computed_tokens: list[int]
+    #: Each instance's replay report (its ``requests``: how many the router sent it).
     per_instance: list[ReplayReport]
-    tier_hits: dict[str, int]
     traffic: dict[str, dict[str, float]]
     saved_seconds: float
     prefill_seconds: float
     trace_seconds: float
-    block_hits: int = 0
-    prefix_hits: int = 0
+    #: Blocks loaded from a peer's primary tier (counted in the instances' prefix hits too).
+    p2p_hits: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def instances(self) -> int:
+        return len(self.per_instance)
+
+    @property
+    def requests(self) -> list[int]:
+        """Requests routed to each instance."""
+        return [r.requests for r in self.per_instance]
+
+    @property
+    def tier_hits(self) -> dict[str, int]:
+        """Hits per tier summed over the instances (and ``p2p`` with peers), in tier order."""
+        out: dict[str, int] = {}
+        for rep in self.per_instance:
+            for t in rep.tiers:
+                out[t.name] = out.get(t.name, 0) + t.hits
+        if self.p2p:
+            out["p2p"] = self.p2p_hits
+        return out
+
+    @property
+    def block_hits(self) -> int:
+        return sum(r.block_hits for r in self.per_instance) + self.p2p_hits
+
+    @property
+    def prefix_hits(self) -> int:
+        return sum(r.prefix_hits for r in self.per_instance)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -306,7 +332,6 @@ def simulate_fleet(
     the ``session`` router use conversation ids. Raises :class:`ConfigError` on a bad spec.
     """
     from kvtier.engine import Engine, RequestContext
-    from kvtier.sim.replay_loops import _Cost
     from kvtier.sim.simtier import sim_tiers
 
     spec.check()
@@ -334,159 +359,161 @@ def simulate_fleet(
         media = {t.name: t.medium for t in engines[0].tiers}
         cm = cost_model or CostModel.from_config(config, tier_media=media)
         p2p_cost = cm.tiers.get("p2p", DEFAULT_P2P)
-        return _run(trace, config, spec, engines, index, cm, p2p_cost if p2p else None, shared, requests,
-                    now, RequestContext, _Cost)  # fmt: skip
+        run = _FleetRun(trace, spec, engines, index, cm, p2p_cost if p2p else None, shared, config, requests)
+        for r, (keys, infos, last, ts, tenant) in enumerate(
+            zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
+        ):
+            if keys:
+                now[0] = ts
+                run.serve(run.route(r, keys), keys, infos, last, ts, RequestContext, tenant)
+        return run.finish()
     finally:
         for eng in engines:
             eng.close()
 
 
-def _run(
-    trace: PreparedTrace,
-    config: KvtierConfig,
-    spec: FleetSpec,
-    engines: list[Any],
-    index: _KvIndex,
-    cm: CostModel,
-    p2p: TierCost | None,
-    shared: list[str],
-    requests: Sequence[Any] | None,
-    now: list[float],
-    ctx_cls: Any,
-    cost_cls: Any,
-) -> FleetReport:
-    from kvtier.sim.replay import _fill_tiers
-    from kvtier.sim.replay_loops import lookup_step, store_step
+@dataclass
+class _FleetRun:
+    """One fleet replay in progress: the router's state, each instance's report, costs and counts,
+    and the shared tiers' (and p2p) traffic per window of the trace clock."""
 
-    n = len(engines)
-    tpb = trace.tokens_per_block
-    tiers = [list(e.tiers) for e in engines]
-    names = [t.name for t in tiers[0]]
-    shared_idx = [j for j, nm in enumerate(names) if nm in shared]
-    reports = [
-        ReplayReport(
-            trace=trace.name,
-            mode="simulate",
-            policy=config.eviction_policy,
-            capacity_blocks=int(engines[0].num_slots),
-        )
-        for _ in engines
-    ]
-    costs = [cost_cls(cm, names) for _ in engines]
-    loads = [0] * n
-    computed = [0] * n
-    p2p_hits = 0
-    p2p_saved = 0.0
-    # Windows span the trace's clock from its earliest to its latest request (a trace need not be
-    # sorted; the engines see the timestamps as given).
-    ts0 = min(trace.timestamps) if trace.timestamps else 0.0
-    ts1 = max(trace.timestamps) if trace.timestamps else 0.0
-    win = spec.window_seconds
-    nwin = int((ts1 - ts0) // win) + 1
-    traffic = {name: np.zeros(nwin) for name in [*shared, *(["p2p"] if p2p else [])]}
-    sessions = _session_of(trace, requests) if spec.router != "round_robin" else None
-    contexts: dict[str | None, Any] = {}
-    bound = 1.0 + spec.imbalance
-    routed = 0
-    block_bytes = cm.block_bytes
-    for r, (keys, infos, last, ts, tenant) in enumerate(
-        zip(trace.keys, trace.infos, trace.last_tokens, trace.timestamps, trace.tenants, strict=True)
-    ):
-        if not keys:
-            continue
-        now[0] = ts
-        # -- route ------------------------------------------------------------------------
+    trace: PreparedTrace
+    spec: FleetSpec
+    engines: list[Any]
+    index: _KvIndex
+    cm: CostModel
+    #: The peers' load speed; ``None``: the fleet does not load from peers.
+    p2p: TierCost | None
+    shared: list[str]
+    config: InitVar[KvtierConfig]
+    requests: InitVar[Sequence[Any] | None]
+
+    def __post_init__(self, config: KvtierConfig, requests: Sequence[Any] | None) -> None:
+        from kvtier.sim.replay_loops import _Cost
+
+        trace, engines = self.trace, self.engines
+        n = len(engines)
+        self.tiers = [list(e.tiers) for e in engines]
+        self.names = [t.name for t in self.tiers[0]]
+        self.shared_idx = [j for j, nm in enumerate(self.names) if nm in self.shared]
+        policy, slots = config.eviction_policy, int(engines[0].num_slots)
+        self.reports = [ReplayReport(trace.name, "simulate", policy, slots) for _ in engines]
+        self.costs = [_Cost(self.cm, self.names) for _ in engines]
+        self.loads = [0] * n
+        self.computed = [0] * n
+        self.p2p_hits = 0
+        self.p2p_saved = 0.0
+        # Windows span the trace's clock from its earliest to its latest request (a trace need not be
+        # sorted; the engines see the timestamps as given).
+        self.ts0 = min(trace.timestamps) if trace.timestamps else 0.0
+        self.ts1 = max(trace.timestamps) if trace.timestamps else 0.0
+        nwin = int((self.ts1 - self.ts0) // self.spec.window_seconds) + 1
+        self.traffic = {name: np.zeros(nwin) for name in [*self.shared, *(["p2p"] if self.p2p else [])]}
+        self.sessions = _session_of(trace, requests) if self.spec.router != "round_robin" else None
+        self.contexts: dict[str | None, Any] = {}
+        self.routed = 0
+
+    def route(self, r: int, keys: list[BlockKey]) -> int:
+        """The instance request ``r`` goes to (see the routers in the module docstring)."""
+        n, spec = len(self.engines), self.spec
         if n == 1:
             i = 0
         elif spec.router == "round_robin":
-            i = routed % n
+            i = self.routed % n
         else:
-            assert sessions is not None
-            home = int.from_bytes(hashlib.blake2b(sessions[r], digest_size=8).digest(), "little") % n
-            i = (
-                home
-                if spec.router == "session"
-                else _pick(index.prefix_lengths(keys, n), loads, home, bound, routed, spec.margin)
-            )
-        routed += 1
-        loads[i] += 1
-        # -- serve on instance i ------------------------------------------------------------
-        eng = engines[i]
-        ctx = contexts.get(tenant)
+            assert self.sessions is not None
+            home = int.from_bytes(hashlib.blake2b(self.sessions[r], digest_size=8).digest(), "little") % n
+            if spec.router == "session":
+                i = home
+            else:
+                lengths = self.index.prefix_lengths(keys, n)
+                i = _pick(lengths, self.loads, home, 1.0 + spec.imbalance, self.routed, spec.margin)
+        self.routed += 1
+        self.loads[i] += 1
+        return i
+
+    def serve(
+        self, i: int, keys: list[BlockKey], infos: Any, last: int, ts: float, ctx_cls: Any, tenant: str | None
+    ) -> None:
+        """One request on instance ``i``: its own lookup and stores, then p2p hits and traffic."""
+        from kvtier.sim.replay_loops import lookup_step, store_step
+
+        tpb = self.trace.tokens_per_block
+        eng, tiers, rep = self.engines[i], self.tiers[i], self.reports[i]
+        ctx = self.contexts.get(tenant)
         if ctx is None:
-            ctx = contexts[tenant] = ctx_cls(tenant=tenant)
-        before = [(t.stats.bytes_read + t.stats.bytes_written) for t in (tiers[i][j] for j in shared_idx)]
-        codes, hits, plen = lookup_step(eng, tiers[i], names, costs[i], reports[i], keys, last, ctx, tpb)
+            ctx = self.contexts[tenant] = ctx_cls(tenant=tenant)
+        before = [tiers[j].stats.bytes_read + tiers[j].stats.bytes_written for j in self.shared_idx]
+        codes, hits, plen = lookup_step(eng, tiers, self.names, self.costs[i], rep, keys, last, ctx, tpb)
         nk = len(keys)
-        rep_i = reports[i]
-        rep_i.block_refs += nk
-        rep_i.tokens += (nk - 1) * tpb + last
+        rep.block_refs += nk
+        rep.tokens += (nk - 1) * tpb + last
         # Peers are asked before the instance stores its misses (it then holds them too).
-        k = index.peer_run(keys, plen, i) if p2p is not None and plen < nk else 0
-        store_step(eng, tiers[i], keys, infos, codes, hits, plen, ctx)
-        w = int((ts - ts0) // win)
+        k = self.index.peer_run(keys, plen, i) if self.p2p is not None and plen < nk else 0
+        store_step(eng, tiers, keys, infos, codes, hits, plen, ctx)
+        w = int((ts - self.ts0) // self.spec.window_seconds)
         if k:
-            short = tpb - last if plen + k == nk else 0
-            toks = k * tpb - short
-            p2p_hits += k
-            assert p2p is not None
-            s = max(0.0, cm.recompute_seconds(k, toks) - p2p.load_seconds(k * block_bytes))
-            p2p_saved += s
-            reports[i].prefix_hits += k
-            reports[i].prefix_token_hits += toks
-            traffic["p2p"][w] += k * block_bytes
-        for j, b in zip(shared_idx, before, strict=True):
-            t = tiers[i][j]
-            traffic[names[j]][w] += t.stats.bytes_read + t.stats.bytes_written - b
-        computed[i] += (nk - plen - k) * tpb
-    for i, eng in enumerate(engines):
-        eng.drain()
-        eng.poll()
-        rep = reports[i]
-        rep.cost = costs[i].as_dict(rep.tokens)
-        _fill_tiers(rep, eng.stats(), {"primary": "primary/none", **{nm: "simulated" for nm in names}})
-    block_refs = trace.block_refs
-    for i, rep in enumerate(reports):
-        rep.requests = loads[i]
-    tier_hits: dict[str, int] = {}
-    for rep in reports:
-        for t in rep.tiers:
-            tier_hits[t.name] = tier_hits.get(t.name, 0) + t.hits
-    if p2p is not None:
-        tier_hits["p2p"] = p2p_hits
-    saved = sum(float(c.saved) for c in costs) + p2p_saved
-    report = FleetReport(
-        trace=trace.name,
-        instances=n,
-        router=spec.router,
-        shared_tiers=list(shared),
-        p2p=p2p is not None,
-        block_refs=block_refs,
-        tokens=trace.tokens,
-        requests=loads,
-        computed_tokens=computed,
-        per_instance=reports,
-        tier_hits=tier_hits,
-        traffic={
-            name: {
-                "mean": float(v.sum() / (nwin * win)),
-                "p99": float(np.percentile(v / win, 99)),
-                "peak": float(v.max() / win),
-                "total_bytes": float(v.sum()),
-            }
-            for name, v in traffic.items()
-        },
-        saved_seconds=saved,
-        prefill_seconds=cm.recompute_seconds(0, trace.tokens),
-        trace_seconds=max(ts1 - ts0, win),
-        block_hits=sum(r.block_hits for r in reports) + p2p_hits,
-        prefix_hits=sum(r.prefix_hits for r in reports),
-    )
-    if p2p is not None:
-        report.notes.append(
-            "p2p hits: blocks after an instance's leading hits that a peer holds in its primary"
+            self._p2p_hits(rep, k, last if plen + k == nk else tpb, w)
+        for j, b in zip(self.shared_idx, before, strict=True):
+            t = tiers[j]
+            self.traffic[self.names[j]][w] += t.stats.bytes_read + t.stats.bytes_written - b
+        self.computed[i] += (nk - plen - k) * tpb
+
+    def _p2p_hits(self, rep: ReplayReport, k: int, last: int, w: int) -> None:
+        """Count ``k`` blocks loaded from a peer (the last holding ``last`` tokens) in window ``w``."""
+        assert self.p2p is not None
+        tpb = self.trace.tokens_per_block
+        toks = k * tpb - (tpb - last)
+        self.p2p_hits += k
+        self.p2p_saved += max(
+            0.0, self.cm.recompute_seconds(k, toks) - self.p2p.load_seconds(k * self.cm.block_bytes)
         )
-    return report
+        rep.prefix_hits += k
+        rep.prefix_token_hits += toks
+        self.traffic["p2p"][w] += k * self.cm.block_bytes
+
+    def finish(self) -> FleetReport:
+        """Drain every instance and put the fleet's report together."""
+        from kvtier.sim.replay import _fill_tiers
+
+        trace, win = self.trace, self.spec.window_seconds
+        types = {"primary": "primary/none", **{nm: "simulated" for nm in self.names}}
+        for eng, rep, cost, load in zip(self.engines, self.reports, self.costs, self.loads, strict=True):
+            eng.drain()
+            eng.poll()
+            rep.cost = cost.as_dict(rep.tokens)
+            _fill_tiers(rep, eng.stats(), types)
+            rep.requests = load
+        report = FleetReport(
+            trace=trace.name,
+            router=self.spec.router,
+            shared_tiers=list(self.shared),
+            p2p=self.p2p is not None,
+            block_refs=trace.block_refs,
+            tokens=trace.tokens,
+            computed_tokens=self.computed,
+            per_instance=self.reports,
+            traffic={name: _traffic(v, win) for name, v in self.traffic.items()},
+            saved_seconds=sum(float(c.saved) for c in self.costs) + self.p2p_saved,
+            prefill_seconds=self.cm.recompute_seconds(0, trace.tokens),
+            trace_seconds=max(self.ts1 - self.ts0, win),
+            p2p_hits=self.p2p_hits,
+        )
+        if self.p2p is not None:
+            report.notes.append(
+                "p2p hits: blocks after an instance's leading hits that a peer holds in its primary"
+            )
+        return report
+
+
+def _traffic(per_window: np.ndarray, win: float) -> dict[str, float]:
+    """Bytes per second of one tier's traffic: mean over the trace, p99 and peak over windows."""
+    return {
+        "mean": float(per_window.sum() / (len(per_window) * win)),
+        "p99": float(np.percentile(per_window / win, 99)),
+        "peak": float(per_window.max() / win),
+        "total_bytes": float(per_window.sum()),
+    }
 
 
 def fleet_tables(report: FleetReport) -> list[Any]:

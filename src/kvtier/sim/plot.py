@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kvtier.errors import KvtierError
+from kvtier.extras import install_hint
 
-__all__ = ["plot_hit_ratio"]
+__all__ = ["plot_hit_ratio", "pyplot"]
 
 Curve = Sequence[tuple[float, float]]
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the headless ``Agg`` backend (every kvtier plot draws through it);
+    :class:`KvtierError` with the install command when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - installed with the plot extra
+        raise KvtierError(f"--plot needs matplotlib: {install_hint('matplotlib')}") from exc
+    return plt
 
 
 def plot_hit_ratio(
@@ -33,14 +48,7 @@ def plot_hit_ratio(
     :class:`KvtierError` with the path when the file cannot be written. The labels (one per policy,
     then ``OPT (Belady)`` and ``infinite cache (…%)`` when given) are read back from the drawn legend.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - installed with the plot extra
-        raise KvtierError("--plot needs matplotlib: pip install 'kvtier[plot]'") from exc
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     try:
         markers = "osD^v<>pX*"

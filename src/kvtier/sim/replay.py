@@ -80,14 +80,13 @@ def replay(
     """
     from kvtier.engine import RequestContext
     from kvtier.metrics import start_exporter
-    from kvtier.sim.replay_loops import run_real, run_simulate
+    from kvtier.sim.replay_loops import LoopRun, run_real, run_simulate
 
-    mode = "simulate" if simulate else "real"
-    now = [0.0]
     port = metrics_port if metrics_port is not None else config.metrics_port
     # Replay serves the metrics itself (for exactly the replay's duration): the engine must not
     # also bind config.metrics_port.
     config = dataclasses.replace(config, metrics_port=None)
+    now = [0.0]
     config, engine = _build_engine(config, simulate, now)
     exporter = None
     try:
@@ -95,17 +94,10 @@ def replay(
             exporter = start_exporter(engine, port)
             if on_listen is not None:
                 on_listen(exporter.url)
-        report = _new_report(trace, mode, config, int(engine.num_slots))
+        report = _new_report(trace, "simulate" if simulate else "real", config, int(engine.num_slots))
         cm = cost_model or CostModel.from_config(
             config, tier_media={t.name: t.medium for t in getattr(engine, "tiers", [])}
         )
-        inner: Callable[[Any, int], None] | None = None
-        if hook is not None:
-            user_hook = hook
-
-            def inner(eng: Any, done: int) -> None:
-                user_hook(eng, done, exporter)
-
         t0 = time.perf_counter()
         if simulate and fast and fast_path_refusal(config, trace, hook, port) is None:
             from kvtier.sim.replay_loops import run_fast
@@ -113,10 +105,11 @@ def replay(
             run_fast(trace, report, cm, config, int(engine.num_slots))
             report.engine_seconds = report.elapsed_seconds = time.perf_counter() - t0
             return report
+        run = LoopRun(engine, trace, report, cm, RequestContext, progress, _with_exporter(hook, exporter))
         if simulate:
-            run_simulate(engine, trace, report, cm, now, progress, inner, RequestContext)
+            run_simulate(run, now)
         else:
-            run_real(engine, trace, report, cm, config, progress, inner, RequestContext, sync)
+            run_real(run, config, sync)
         report.engine_seconds = time.perf_counter() - t0
         if hook is not None:
             hook(engine, trace.requests, exporter)
@@ -131,6 +124,18 @@ def replay(
         if exporter is not None:
             exporter.close()
         engine.close()
+
+
+def _with_exporter(hook: HookFn | None, exporter: Any) -> Callable[[Any, int], None] | None:
+    """``hook`` as the loops call it (engine, requests done), with the exporter passed on."""
+    if hook is None:
+        return None
+    user_hook = hook
+
+    def inner(eng: Any, done: int) -> None:
+        user_hook(eng, done, exporter)
+
+    return inner
 
 
 def _build_engine(config: KvtierConfig, simulate: bool, now: list[float]) -> tuple[KvtierConfig, Any]:
@@ -194,20 +199,10 @@ def fast_path_refusal(config: KvtierConfig, trace: PreparedTrace, hook: Any, por
 def _fill_tiers(report: ReplayReport, stats: Any, types: dict[str, str]) -> None:
     refs = max(report.block_refs, 1)
     report.tiers = []
+    # TierReport's counters are the integer fields it shares with tier_counters (the metrics'
+    # per-tier view), read by name.
+    counted = [f.name for f in dataclasses.fields(TierReport) if f.type == "int"]
     for name, c in tier_counters(stats).items():
         hits = int(c["hits"])
-        report.tiers.append(
-            TierReport(
-                name=name,
-                type=types.get(name, "?"),
-                hits=hits,
-                hit_ratio=hits / refs,
-                lookups=int(c["lookups"]),
-                bytes_read=int(c["bytes_read"]),
-                bytes_written=int(c["bytes_written"]),
-                evictions=int(c["evictions"]),
-                corrupt=int(c["corrupt"]),
-                dropped_stores=int(c["dropped_stores"]),
-                failed_jobs=int(c["failed_jobs"]),
-            )
-        )
+        counts = {key: int(c[key]) for key in counted}
+        report.tiers.append(TierReport(name, types.get(name, "?"), hit_ratio=hits / refs, **counts))

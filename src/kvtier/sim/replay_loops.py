@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from kvtier.sim.report import ReplayReport, percentiles
 if TYPE_CHECKING:
     from kvtier.sim.prepared import PreparedTrace
 
-__all__ = ["lookup_step", "run_fast", "run_real", "run_simulate", "store_step"]
+__all__ = ["LoopRun", "lookup_step", "run_fast", "run_real", "run_simulate", "store_step"]
 
 #: ``progress(requests_done, requests_total)``.
 ProgressFn = Callable[[int, int], None]
@@ -161,6 +162,28 @@ def _tick(
             hook(engine, done)
 
 
+@dataclass
+class LoopRun:
+    """What each replay loop is given: the engine, the trace, the report it fills, the cost model,
+    the request-context class, and what runs every few hundred requests (progress, hook)."""
+
+    engine: Any
+    trace: PreparedTrace
+    report: ReplayReport
+    cm: CostModel
+    ctx_cls: Any
+    progress: ProgressFn | None = None
+    hook: Callable[[Any, int], None] | None = None
+
+    def tick(self, done: int) -> None:
+        _tick(self.engine, done, self.trace.requests, self.progress, self.hook)
+
+    def done(self) -> None:
+        """After the last request: the whole trace is done."""
+        if self.progress is not None:
+            self.progress(self.trace.requests, self.trace.requests)
+
+
 def lookup_step(
     engine: Any,
     tiers: list[Any],
@@ -209,63 +232,45 @@ def store_step(
         engine.poll()
 
 
-def run_simulate(
-    engine: Any,
-    trace: PreparedTrace,
-    report: ReplayReport,
-    cm: CostModel,
-    now: list[float],
-    progress: ProgressFn | None,
-    hook: Callable[[Any, int], None] | None,
-    ctx_cls: Any,
-) -> None:
-    tpb = trace.tokens_per_block
+def run_simulate(run: LoopRun, now: list[float]) -> None:
+    """Simulate mode: each request's lookup then its stores (:func:`lookup_step`, :func:`store_step`)."""
+    engine, report = run.engine, run.report
     tiers = list(getattr(engine, "tiers", []))
     if not tiers:
-        _simulate_primary_only(engine, trace, report, cm, now, progress, hook, ctx_cls)
+        _simulate_primary_only(run, now)
         return
     names = [t.name for t in tiers]
-    cost = _Cost(cm, names)
-    total = trace.requests
-    for i, keys, infos, last, ctx in _requests(trace, ctx_cls, now):
+    cost = _Cost(run.cm, names)
+    tpb = run.trace.tokens_per_block
+    for i, keys, infos, last, ctx in _requests(run.trace, run.ctx_cls, now):
         codes, hits, plen = lookup_step(engine, tiers, names, cost, report, keys, last, ctx, tpb)
         store_step(engine, tiers, keys, infos, codes, hits, plen, ctx)
-        _tick(engine, i + 1, total, progress, hook)
-    if tiers:
-        engine.drain()
-        engine.poll()
-    if progress is not None:
-        progress(total, total)
+        run.tick(i + 1)
+    engine.drain()
+    engine.poll()
+    run.done()
     report.cost = cost.as_dict(report.tokens)
 
 
-def _simulate_primary_only(
-    engine: Any,
-    trace: PreparedTrace,
-    report: ReplayReport,
-    cm: CostModel,
-    now: list[float],
-    progress: ProgressFn | None,
-    hook: Callable[[Any, int], None] | None,
-    ctx_cls: Any,
-) -> None:
+def _simulate_primary_only(run: LoopRun, now: list[float]) -> None:
     """:func:`run_simulate` for a stack without secondary tiers: the sweep hot path.
 
     Same calls and tallies, fewer Python operations per request: counters are locals, every hit is a
     primary hit, and the cost model runs once over all requests at the end.
     """
+    engine, trace, report = run.engine, run.trace, run.report
     tpb = trace.tokens_per_block
+    tick = run.tick
     lookup = engine.lookup
     prepare_store = engine.prepare_store
     complete_store = engine.complete_store
     # Engine.access = lookup + store the misses, one call and one lock (no RETRY without tiers, so
     # "the misses" are exactly what this loop would store).
     access = getattr(engine, "access", None)
-    total = trace.requests
     block_hits = token_hits = prefix_hits = prefix_tokens = 0
     cost_n: list[int] = []
     cost_t: list[int] = []
-    for i, keys, infos, last, ctx in _requests(trace, ctx_cls, now):
+    for i, keys, infos, last, ctx in _requests(trace, run.ctx_cls, now):
         n = len(keys)
         codes = access(keys, ctx, infos).codes if access is not None else lookup(keys, ctx).codes
         if not isinstance(codes, bytes):
@@ -290,15 +295,20 @@ def _simulate_primary_only(
         if hits < n and access is None:
             mk, mi = _misses(keys, infos, codes, hits, plen)
             complete_store(prepare_store(mk, ctx, mi))
-        _tick(engine, i + 1, total, progress, hook)
-    if progress is not None:
-        progress(total, total)
+        tick(i + 1)
+    run.done()
     report.block_hits += block_hits
     report.token_hits += token_hits
     report.prefix_hits += prefix_hits
     report.prefix_token_hits += prefix_tokens
+    _primary_saving(report, run.cm, cost_n, cost_t)
+
+
+def _primary_saving(report: ReplayReport, cm: CostModel, blocks: list[int], tokens: list[int]) -> None:
+    """``report.cost`` of a primary-only stack: every request's prefix hit (``blocks``, ``tokens``)
+    was a primary hit, so the cost model runs once over all of them."""
     cost = _Cost(cm, [])
-    saved = cm.total_saving_seconds("primary", cost_n, cost_t)
+    saved = cm.total_saving_seconds("primary", blocks, tokens)
     cost.saved += saved
     cost.by_tier["primary"] += saved
     report.cost = cost.as_dict(report.tokens)
@@ -352,12 +362,8 @@ def run_fast(
     ptok = plen * tpb - np.where((plen == n) & (n > 0), short, 0)
     report.prefix_hits += int(plen.sum())
     report.prefix_token_hits += int(ptok.sum())
-    cost = _Cost(cm, [])
     some = plen > 0
-    saved = cm.total_saving_seconds("primary", plen[some].tolist(), ptok[some].tolist())
-    cost.saved += saved
-    cost.by_tier["primary"] += saved
-    report.cost = cost.as_dict(report.tokens)
+    _primary_saving(report, cm, plen[some].tolist(), ptok[some].tolist())
     report.tiers = [
         TierReport(
             name="primary",
@@ -372,89 +378,100 @@ def run_fast(
     report.notes.append(f"simulated on the fast core ({res.core}): the engine's decisions on dense ids")
 
 
-def run_real(
-    engine: Any,
-    trace: PreparedTrace,
-    report: ReplayReport,
-    cm: CostModel,
-    config: KvtierConfig,
-    progress: ProgressFn | None,
-    hook: Callable[[Any, int], None] | None,
-    ctx_cls: Any,
-    sync: bool,
-) -> None:
-    tpb = trace.tokens_per_block
-    tiers = list(getattr(engine, "tiers", []))
-    names = [t.name for t in tiers]
-    cost = _Cost(cm, names)
-    payload = PayloadFactory(config.block_bytes)
-    total = trace.requests
-    lat_lookup: list[float] = []
-    lat_load: list[float] = []
-    lat_store: list[float] = []
-    # Load latency by the slowest tier a request's hits came from (promotions wait for that tier).
-    lat_by_tier: dict[str, list[float]] = {n: [] for n in ["primary", *names]}
-    clock = time.perf_counter
-    max_n = max((len(k) for k in trace.keys), default=0)
+def run_real(run: LoopRun, config: KvtierConfig, sync: bool) -> None:
+    """Real mode: each request's lookup, the loads of its hits (verified) and the stores of its
+    misses move real bytes; tier writes overlap the next requests within a bound."""
+    engine = run.engine
+    real = _RealRequests(run, config.block_bytes)
     # Store jobs allowed in flight: about one per 512 primary slots (at most 8), so the slots they
     # pin stay a small share of the primary tier and never force a store to be dropped.
     overlap = min(_MAX_INFLIGHT_JOBS, engine.num_slots // 512)
-    buf = np.empty((max(max_n, 1), config.block_bytes), dtype=np.uint8)
+    trace = run.trace
     for i, (keys, infos, last, tenant) in enumerate(
         zip(trace.keys, trace.infos, trace.last_tokens, trace.tenants, strict=True)
     ):
-        n = len(keys)
-        if not n:
+        if not keys:
             continue
-        ctx = ctx_cls(request_id=str(i), tenant=tenant)
-        before = [t.stats.hits for t in tiers]
-        t0 = clock()
-        rep = engine.lookup(keys, ctx)
-        t1 = clock()
-        lat_lookup.append(t1 - t0)
-        codes = _codes(rep)
-        _count_hits(report, codes, n, last, tpb)
-        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
-        report.prefix_hits += plen
-        report.prefix_token_hits += prim_tok + pend_tok
-        deltas = [t.stats.hits - b for t, b in zip(tiers, before, strict=True)]
-        cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, names))
-
-        hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
-        recompute: list[int] = []
-        if hit_idx:
-            t2 = clock()
-            hit_keys = [keys[j] for j in hit_idx]
-            recompute = _load_hits(engine, rep, hit_keys, hit_idx, buf, ctx, report, payload)
-            dt = clock() - t2
-            lat_load.append(dt)
-            src = "primary"
-            if rep.pending:
-                answered = [nm for nm, d in zip(names, deltas, strict=True) if d]
-                src = answered[-1] if answered else "primary"
-            lat_by_tier[src].append(dt)
-        if len(hit_idx) < n or recompute:
-            hit_set = set(hit_idx)
-            # Blocks whose load failed are recomputed too (resident ones are skipped by the engine).
-            idx = [j for j in range(n) if j not in hit_set] + recompute
-            mk = [keys[j] for j in idx]
-            t3 = clock()
-            # Same BlockInfo (parent, depth, tenant) as simulate mode: prefix-aware policies use it.
-            engine.store_blocks(mk, payload.make(mk), ctx, [infos[j] for j in idx])
-            lat_store.append(clock() - t3)
+        real.serve(keys, infos, last, run.ctx_cls(request_id=str(i), tenant=tenant))
         # Bounded overlap: tier writes (write-through stores, and after-hits stores started by the
         # lookup) run while the next requests are served, but never more than a few requests'
         # worth, so slots pinned by them cannot crowd out stores.
         if sync or engine.inflight_jobs > overlap:
             engine.drain()
         engine.poll()
-        _tick(engine, i + 1, total, progress, hook)
+        run.tick(i + 1)
     engine.drain()
     engine.poll()
-    if progress is not None:
-        progress(total, total)
-    report.latency = _latency(lat_lookup, lat_load, lat_store, lat_by_tier)
-    report.cost = cost.as_dict(report.tokens)
+    run.done()
+    run.report.latency = _latency(real.lat_lookup, real.lat_load, real.lat_store, real.lat_by_tier)
+    run.report.cost = real.cost.as_dict(run.report.tokens)
+
+
+class _RealRequests:
+    """Real mode's per-request steps (lookup, load the hits, store the misses) and their latencies."""
+
+    def __init__(self, run: LoopRun, block_bytes: int) -> None:
+        self.run = run
+        self.engine = run.engine
+        self.tiers = list(getattr(run.engine, "tiers", []))
+        self.names = [t.name for t in self.tiers]
+        self.cost = _Cost(run.cm, self.names)
+        self.payload = PayloadFactory(block_bytes)
+        self.lat_lookup: list[float] = []
+        self.lat_load: list[float] = []
+        self.lat_store: list[float] = []
+        # Load latency by the slowest tier a request's hits came from (promotions wait for that tier).
+        self.lat_by_tier: dict[str, list[float]] = {n: [] for n in ["primary", *self.names]}
+        max_n = max((len(k) for k in run.trace.keys), default=0)
+        self.buf = np.empty((max(max_n, 1), block_bytes), dtype=np.uint8)
+
+    def serve(self, keys: list[Any], infos: list[Any], last: int, ctx: Any) -> None:
+        rep, codes, deltas = self._lookup(keys, last, ctx)
+        hit_idx = [j for j, c in enumerate(codes) if c == 1 or c == 2]
+        recompute = self._load(keys, hit_idx, rep, deltas, ctx) if hit_idx else []
+        if len(hit_idx) < len(keys) or recompute:
+            hit_set = set(hit_idx)
+            # Blocks whose load failed are recomputed too (resident ones are skipped by the engine).
+            self._store(keys, infos, [j for j in range(len(keys)) if j not in hit_set] + recompute, ctx)
+
+    def _lookup(self, keys: list[Any], last: int, ctx: Any) -> tuple[Any, bytes, list[int]]:
+        """Look the request up and tally it: ``(lookup report, codes, hits per tier)``."""
+        report, tpb, n = self.run.report, self.run.trace.tokens_per_block, len(keys)
+        before = [t.stats.hits for t in self.tiers]
+        t0 = time.perf_counter()
+        rep = self.engine.lookup(keys, ctx)
+        self.lat_lookup.append(time.perf_counter() - t0)
+        codes = _codes(rep)
+        _count_hits(report, codes, n, last, tpb)
+        plen, prim, prim_tok, pend, pend_tok = _prefix_split(codes, n, last, tpb)
+        report.prefix_hits += plen
+        report.prefix_token_hits += prim_tok + pend_tok
+        deltas = [t.stats.hits - b for t, b in zip(self.tiers, before, strict=True)]
+        self.cost.add(prim, prim_tok, _attribute(pend, pend_tok, deltas, self.names))
+        return rep, codes, deltas
+
+    def _load(self, keys: list[Any], hit_idx: list[int], rep: Any, deltas: list[int], ctx: Any) -> list[int]:
+        """Load and verify the hits; returns the indexes to recompute (their load failed)."""
+        t0 = time.perf_counter()
+        hit_keys = [keys[j] for j in hit_idx]
+        recompute = _load_hits(
+            self.engine, rep, hit_keys, hit_idx, self.buf, ctx, self.run.report, self.payload
+        )
+        dt = time.perf_counter() - t0
+        self.lat_load.append(dt)
+        src = "primary"
+        if rep.pending:
+            answered = [nm for nm, d in zip(self.names, deltas, strict=True) if d]
+            src = answered[-1] if answered else "primary"
+        self.lat_by_tier[src].append(dt)
+        return recompute
+
+    def _store(self, keys: list[Any], infos: list[Any], idx: list[int], ctx: Any) -> None:
+        mk = [keys[j] for j in idx]
+        t0 = time.perf_counter()
+        # Same BlockInfo (parent, depth, tenant) as simulate mode: prefix-aware policies use it.
+        self.engine.store_blocks(mk, self.payload.make(mk), ctx, [infos[j] for j in idx])
+        self.lat_store.append(time.perf_counter() - t0)
 
 
 def _latency(

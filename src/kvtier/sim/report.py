@@ -72,52 +72,56 @@ class ReplayReport:
 
     @property
     def hit_ratio(self) -> dict[str, float]:
+        """Each of :attr:`hits` over block references (``block``, ``prefix``) or over input tokens."""
         refs = max(self.block_refs, 1)
         toks = max(self.tokens, 1)
-        return {
-            "block": self.block_hits / refs,
-            "prefix": self.prefix_hits / refs,
-            "token": self.token_hits / toks,
-            "prefix_token": self.prefix_token_hits / toks,
-        }
+        return {name: n / (toks if name.endswith("token") else refs) for name, n in self.hits.items()}
 
     @property
     def refs_per_second(self) -> float:
         """Block references per second through the engine (trace parsing and keying excluded)."""
         return self.block_refs / self.engine_seconds if self.engine_seconds > 0 else 0.0
 
+    @property
+    def hits(self) -> dict[str, int]:
+        """The ``<name>_hits`` counters by name: ``block``, ``prefix``, ``token``, ``prefix_token``."""
+        return {name: getattr(self, f"{name}_hits") for name in _HIT_NAMES}
+
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object (stable keys; see docs/replay.md)."""
-        return {
-            "trace": self.trace,
-            "mode": self.mode,
-            "semantics": self.semantics,
-            "policy": self.policy,
-            "capacity_blocks": self.capacity_blocks,
-            "requests": self.requests,
-            "block_refs": self.block_refs,
-            "unique_blocks": self.unique_blocks,
-            "tokens": self.tokens,
-            "hit_ratio": self.hit_ratio,
-            "hits": {
-                "block": self.block_hits,
-                "prefix": self.prefix_hits,
-                "token": self.token_hits,
-                "prefix_token": self.prefix_token_hits,
-            },
-            "tiers": [asdict(t) for t in self.tiers],
-            "verify_mismatches": self.verify_mismatches,
-            "verified_blocks": self.verified_blocks,
-            "failed_loads": self.failed_loads,
-            "latency": self.latency,
-            "cost": self.cost,
-            "opt": self.opt,
-            "infinite": self.infinite,
-            "elapsed_seconds": self.elapsed_seconds,
-            "engine_seconds": self.engine_seconds,
-            "refs_per_second": self.refs_per_second,
-            "notes": list(self.notes),
-        }
+        """The ``--json`` object (stable keys, in :data:`_JSON_KEYS` order; see docs/replay.md)."""
+        doc = {key: getattr(self, key) for key in _JSON_KEYS}
+        doc["tiers"] = [asdict(t) for t in self.tiers]
+        doc["notes"] = list(self.notes)
+        return doc
+
+
+_HIT_NAMES = ("block", "prefix", "token", "prefix_token")
+#: ``ReplayReport.to_json``'s keys in order: fields and properties of the report.
+_JSON_KEYS = (
+    "trace",
+    "mode",
+    "semantics",
+    "policy",
+    "capacity_blocks",
+    "requests",
+    "block_refs",
+    "unique_blocks",
+    "tokens",
+    "hit_ratio",
+    "hits",
+    "tiers",
+    "verify_mismatches",
+    "verified_blocks",
+    "failed_loads",
+    "latency",
+    "cost",
+    "opt",
+    "infinite",
+    "elapsed_seconds",
+    "engine_seconds",
+    "refs_per_second",
+    "notes",
+)
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:

@@ -37,9 +37,9 @@ from kvtier.tiers.base import (
     PolicyFactory,
     PrimaryProfile,
     SecondaryTier,
+    SimulationProfile,
     TierContext,
     TierStats,
-    whole_job,
 )
 
 __all__ = ["SimTier", "sim_tiers"]
@@ -53,9 +53,8 @@ class SimTier(SecondaryTier):
     Args:
         name: the tier's instance name (as the real tier would have).
         block_bytes: payload bytes per block (for the byte counters).
-        policy: orders the held keys and picks victims.
-        max_blocks: how many blocks fit (``None`` = unbounded).
-        medium: the real tier's medium (reported, and used by the cost model).
+        profile: what the modelled tier's simulation hook said it holds: its policy (orders the
+            held keys and picks victims), capacity (``None`` = unbounded), chunking and medium.
     """
 
     medium: ClassVar[str] = "STORAGE"
@@ -66,10 +65,7 @@ class SimTier(SecondaryTier):
         primary_kv_view: memoryview,
         name: str,
         block_bytes: int,
-        policy: CachePolicy,
-        max_blocks: int | None,
-        medium: str,
-        chunk_blocks: Callable[[int], int] | None = None,
+        profile: SimulationProfile,
     ) -> None:
         # Not SecondaryTier.__init__: it requires rows that hold a block, and a simulate engine's
         # view has rows of length 0. Nothing here reads the view; the attributes are set as the
@@ -78,10 +74,10 @@ class SimTier(SecondaryTier):
         self.rows = np.asarray(primary_kv_view)
         self.context = TierContext(name, max(block_bytes, 1))
         self.stats = TierStats()
-        self._policy = policy
-        self._chunk = chunk_blocks or whole_job
-        self._max = max_blocks if max_blocks is not None else _UNBOUNDED
-        self.medium = medium  # type: ignore[misc]  # per instance: mirrors the modelled tier
+        self._policy = profile.policy
+        self._chunk = profile.chunk_blocks
+        self._max = profile.capacity_blocks if profile.capacity_blocks is not None else _UNBOUNDED
+        self.medium = profile.medium  # type: ignore[misc]  # per instance: mirrors the modelled tier
         self._done: list[JobResult] = []
 
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
@@ -171,17 +167,7 @@ def sim_tiers(config: KvtierConfig) -> list[Callable[[memoryview], SimTier]]:
         profile = hook(
             tc.options, block_bytes=config.block_bytes, policy_factory=factory, key_path=tc.key_path
         )
-        out.append(
-            functools.partial(
-                _make,
-                name=ctx.name,
-                block_bytes=config.block_bytes,
-                policy=profile.policy,
-                max_blocks=profile.capacity_blocks,
-                medium=profile.medium,
-                chunk_blocks=profile.chunk_blocks,
-            )
-        )
+        out.append(functools.partial(_make, name=ctx.name, block_bytes=config.block_bytes, profile=profile))
     return out
 
 

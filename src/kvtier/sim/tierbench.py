@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.config import KvtierConfig
-from kvtier.jobs import JobResult, TransferJob
+from kvtier.jobs import TransferJob, wait_for_job
 from kvtier.keys import BlockKey, make_namespace
 from kvtier.sim.payload import PayloadFactory
 from kvtier.tiers.base import SecondaryTier
@@ -87,18 +87,6 @@ def _file_reference(directory: Path, data: np.ndarray, repeats: int) -> dict[str
     return {"kind": "file_io", "store_bytes_per_s": data.nbytes / ws, "load_bytes_per_s": data.nbytes / rs}
 
 
-def _wait(tier: SecondaryTier, job_id: int) -> JobResult:
-    deadline = time.monotonic() + _TIMEOUT
-    while True:
-        tier.drain()
-        for res in tier.get_finished_jobs():
-            if res.job_id == job_id:
-                return res
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"tier {tier.name!r}: job {job_id} not reported within {_TIMEOUT:.0f} s")
-        time.sleep(0.0005)
-
-
 def _bench_primary(
     config: KvtierConfig, keys: list[BlockKey], data: np.ndarray, repeats: int
 ) -> dict[str, Any]:
@@ -149,7 +137,7 @@ def _bench_tier(
     jid = _JOB_BASE
     t0 = time.perf_counter()
     tier.submit_store(TransferJob(jid, keys, slots))
-    res = _wait(tier, jid)
+    res = wait_for_job(tier, jid, _TIMEOUT, drain=True)
     store_s = max(time.perf_counter() - t0, 1e-9)
     stored = len(res.transferred(keys))
     load_s = float("inf")
@@ -159,7 +147,7 @@ def _bench_tier(
         jid += 1
         t0 = time.perf_counter()
         tier.submit_load(TransferJob(jid, keys, slots, is_promotion=True))
-        res = _wait(tier, jid)
+        res = wait_for_job(tier, jid, _TIMEOUT, drain=True)
         load_s = min(load_s, max(time.perf_counter() - t0, 1e-9))
         loaded = len(res.transferred(keys)) if r == 0 else loaded
     ok = bool(np.array_equal(rows[:n, :bb], data)) and loaded == n
@@ -168,7 +156,7 @@ def _bench_tier(
         jid += 1
         t0 = time.perf_counter()
         tier.submit_load(TransferJob(jid, [keys[i]], slots[i : i + 1], is_promotion=True))
-        _wait(tier, jid)
+        wait_for_job(tier, jid, _TIMEOUT, drain=True)
         lat.append(time.perf_counter() - t0)
     return {
         "name": tier.name,
