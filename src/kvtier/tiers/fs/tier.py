@@ -235,15 +235,20 @@ class FsTier(AsyncTier):
             self.store_gate, self.shard_dirs,
         )  # fmt: skip
         self._build_paths(parts)
+        self._open_small_path(parts, seg_cap)
+        self.accounting.on_events = self._scanner.apply_events
+        self.accounting.on_epoch_change = self._scanner.on_epoch_change
+        self._scanner.start()
+
+    def _open_small_path(self, parts: FsParts, seg_cap: int | None) -> None:
+        """The small-block path: the segment store and the queue its stores join (both ``None``
+        when blocks are large enough for one file each)."""
         #: The small-block path (``None``: one file per block).
         self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
         self._small_jobs = None if self.segments is None else StoreQueue(
             self._store_small, self._settled_locked, lock=self._lock, flushers=FLUSHERS,
             block_bytes=self.block_bytes, log=self.rlog,
         )  # fmt: skip
-        self.accounting.on_events = self._scanner.apply_events
-        self.accounting.on_epoch_change = self._scanner.on_epoch_change
-        self._scanner.start()
 
     def _open_namespace(self) -> SharedAccounting:
         """Create the namespace directory and open its shared accounting (``ConfigError`` naming
