@@ -95,7 +95,7 @@ def steps_for(root: str, bs: int, n: int, tag: str) -> dict[str, float]:
         names = [f"{acct.token}.steps{i}" for i in range(n)]
         t, c = time.perf_counter(), time.thread_time()
         for nm, k, p in zip(names, keys, pay, strict=True):
-            write_block(nm, k, p, lay.ns_tag, direct=direct, fsync=False, dir_fd=acct.tmp_fd)
+            write_block(nm, k, p, lay.ns_tag, direct=direct, fsync=False, dir_fd=acct.temps.fd)
         whole = _us(time.perf_counter() - t, n)
         out["store_python_cpu"] = _us(time.thread_time() - c, n)
         out["store_write"] = round(whole - out["store_checksum"] - out["store_header"], 1)
@@ -103,29 +103,31 @@ def steps_for(root: str, bs: int, n: int, tag: str) -> dict[str, float]:
         if writer is not None:
             bnames = [f"{acct.token}.stepsb{i}" for i in range(n)]
             t, c = time.perf_counter(), time.thread_time()
+            fd = acct.temps.fd
             items = [
-                WriteItem(nm, i, bytes(k), direct) for i, (nm, k) in enumerate(zip(bnames, keys, strict=True))
+                WriteItem(fd, nm, i, bytes(k), direct)
+                for i, (nm, k) in enumerate(zip(bnames, keys, strict=True))
             ]
             errs = writer.write(items)
             out["store_batched"] = _us(time.perf_counter() - t, n)
             out["store_batched_cpu"] = _us(time.thread_time() - c, n)
             assert not any(errs), errs
             for nm in bnames:
-                os.unlink(nm, dir_fd=acct.tmp_fd)
+                os.unlink(nm, dir_fd=acct.temps.fd)
         fnames = [f"{acct.token}.stepsf{i}" for i in range(n)]
         t = time.perf_counter()
         for nm, k, p in zip(fnames, keys, pay, strict=True):
-            write_block(nm, k, p, lay.ns_tag, direct=direct, fsync=True, dir_fd=acct.tmp_fd)
-            os.fsync(acct.tmp_fd)  # the directory sync the tier adds with fsync: true
+            write_block(nm, k, p, lay.ns_tag, direct=direct, fsync=True, dir_fd=acct.temps.fd)
+            os.fsync(acct.temps.fd)  # the directory sync the tier adds with fsync: true
         out["store_fsync"] = round(_us(time.perf_counter() - t, n) - whole, 1)
         for nm in fnames:
-            os.unlink(nm, dir_fd=acct.tmp_fd)
+            os.unlink(nm, dir_fd=acct.temps.fd)
         finals = [lay.path_of(k) for k in keys]
         for f in finals:
             tier.shard_dirs.ensure_for(f)
         t = time.perf_counter()
         for nm, f in zip(names, finals, strict=True):
-            tree.rename_in(acct.tmp_fd, nm, f)
+            tree.rename_in(acct.temps.fd, nm, f)
         out["store_rename"] = _us(time.perf_counter() - t, n)
         t = time.perf_counter()
         for _ in range(n):

@@ -90,7 +90,8 @@ def tree_files(ns_dir: str | Path, include_tmp: bool = True) -> dict[str, int]:
     out: dict[str, int] = {}
     for dirpath, _, files in os.walk(ns_dir):
         rel = os.path.relpath(dirpath, ns_dir)
-        if rel == "procs" or (rel == "tmp" and not include_tmp) or rel == ".":
+        top = rel.split(os.sep)[0]
+        if top == "procs" or (top == "tmp" and not include_tmp) or rel == ".":
             continue
         for f in files:
             p = os.path.join(dirpath, f)
@@ -101,6 +102,11 @@ def tree_files(ns_dir: str | Path, include_tmp: bool = True) -> dict[str, int]:
 
 def block_files(ns_dir: str | Path) -> dict[str, int]:
     return {p: s for p, s in tree_files(ns_dir, include_tmp=False).items()}
+
+
+def temp_files(ns_dir: str | Path) -> list[str]:
+    """Every file under the namespace's ``tmp/`` (its shard directories included)."""
+    return [os.path.join(d, f) for d, _, files in os.walk(os.path.join(ns_dir, "tmp")) for f in files]
 
 
 # -- subprocess modes ----------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from kvtier.tiers.fs.io import write_block
 from kvtier.tiers.fs.layout import probe_direct_io
 
 
-def _writer(tmp_fd: int, rows: np.ndarray, ns_tag: int, fsync: bool = False) -> BatchWriter:
-    w = open_writer(tmp_fd, rows, payload_len=rows.shape[1], ns_tag=ns_tag, fsync=fsync)
+def _writer(rows: np.ndarray, ns_tag: int, fsync: bool = False) -> BatchWriter:
+    w = open_writer(rows, payload_len=rows.shape[1], ns_tag=ns_tag, fsync=fsync)
     if w is None:
         pytest.skip("the batched writer is not available here (no C compiler)")
     return w
@@ -65,8 +65,8 @@ def test_the_same_bytes_as_the_python_writer(
     ns_tag = int(rng.integers(0, 2**63))
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        w = _writer(fd, rows, ns_tag, fsync)
-        errs = w.write([WriteItem(f"c{i}", i, k, direct) for i, k in enumerate(keys)])
+        w = _writer(rows, ns_tag, fsync)
+        errs = w.write([WriteItem(fd, f"c{i}", i, k, direct) for i, k in enumerate(keys)])
         assert errs == [0] * len(keys)
         for i, k in enumerate(keys):
             write_block(f"p{i}", k, rows[i].data, ns_tag, direct=False, fsync=False, dir_fd=fd)
@@ -87,9 +87,9 @@ def test_an_existing_name_or_a_planted_link_is_refused(tmp_path: Path) -> None:
     rows = _rows(3, 4096, 1)
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        w = _writer(fd, rows, 7)
-        errs = w.write([WriteItem("taken", 0, b"k0", False), WriteItem("link", 1, b"k1", False),
-                        WriteItem("fresh", 2, b"k2", False)])  # fmt: skip
+        w = _writer(rows, 7)
+        errs = w.write([WriteItem(fd, "taken", 0, b"k0", False), WriteItem(fd, "link", 1, b"k1", False),
+                        WriteItem(fd, "fresh", 2, b"k2", False)])  # fmt: skip
     finally:
         os.close(fd)
     assert errs[0] == errno.EEXIST and errs[1] in (errno.EEXIST, errno.ELOOP) and errs[2] == 0
@@ -108,7 +108,7 @@ def test_a_full_disk_answers_enospc(tmp_path: Path) -> None:
         rows = _rows(8, 256 * 1024, 2)
         fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            errs = _writer(fd, rows, 3).write([WriteItem(f"b{i}", i, b"key%d" % i, False) for i in range(8)])
+            errs = _writer(rows, 3).write([WriteItem(fd, f"b{i}", i, b"key%d" % i, False) for i in range(8)])
         finally:
             os.close(fd)
         assert errs[:3] == [0, 0, 0]  # 3 x 260 KiB fit in 1 MiB, the fourth does not

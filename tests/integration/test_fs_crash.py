@@ -8,7 +8,6 @@ restart (the alone-after-scan reconcile).
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -54,7 +53,7 @@ def test_sigkill_mid_batch_never_serves_wrong_bytes_and_keeps_exact_accounting(t
         # intent, or a temp file.
         raw = observer.usage(recover=False)
         dead = [p for t, p in raw.procs.items() if t != observer.accounting.token]
-        if any(p["reserved"] or p["intent"] for p in dead) or os.listdir(os.path.join(ns_dir, "tmp")):
+        if any(p["reserved"] or p["intent"] for p in dead) or h.temp_files(ns_dir):
             killed_mid_batch += 1
         # While the observer stays alive: the dead writer's half-done section is undone, its
         # reservation dropped and its temp files removed; totals equal the bytes in the tree.
@@ -64,7 +63,7 @@ def test_sigkill_mid_batch_never_serves_wrong_bytes_and_keeps_exact_accounting(t
         blocks = h.block_files(ns_dir)
         assert st.published == sum(blocks.values()), f"round {rnd}"
         assert st.published <= max_bytes
-        assert not os.listdir(os.path.join(ns_dir, "tmp")), "temp files of the dead writer remain"
+        assert not h.temp_files(ns_dir), "temp files of the dead writer remain"
     observer.shutdown()
     print(f"kills inside a batch: {killed_mid_batch}/{ROUNDS}")
     assert killed_mid_batch >= ROUNDS // 4, f"only {killed_mid_batch} of {ROUNDS} kills landed mid-batch"

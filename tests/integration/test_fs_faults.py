@@ -98,7 +98,7 @@ def test_full_disk_drops_stores_and_never_raises(tmp_path: Path, caplog: pytest.
             for slot, k in enumerate(stored):
                 assert primary.block(slot).tobytes() == h.payload_of(k, BLOCK).tobytes()
             assert tier.usage().published == sum(h.block_files(tier.layout.ns_dir).values())
-            assert not os.listdir(os.path.join(tier.layout.ns_dir, "tmp"))
+            assert not h.temp_files(tier.layout.ns_dir)
             # After the back-off, stores are tried again (and fail cleanly again: still full).
             time.sleep(2.1)
             late = h.store(tier, primary, [h.key_of("late")])
@@ -160,7 +160,7 @@ def test_failed_publish_gives_back_its_reservation(tmp_path: Path) -> None:
         assert not res.success and res.error
         st = tier.usage()
         assert st.reserved == 0 and st.published == 0
-        assert not os.listdir(os.path.join(tier.layout.ns_dir, "tmp"))
+        assert not h.temp_files(tier.layout.ns_dir)
         os.unlink(top)
         assert h.store(tier, primary, [k]).success  # and the tier carries on
     finally:

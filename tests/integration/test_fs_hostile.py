@@ -242,7 +242,7 @@ def _plant(
             if kind == "owner":
                 os.chown(path, 4242, 4242)
         poisoned.append(key)
-    for name in ("procs", "tmp"):
+    for name in ("procs", "tmp", f"tmp/{rng.randrange(16):x}"):  # tmp/<hex>: a temp-file shard
         os.symlink(outside / "victim", Path(layout.ns_dir, name, f"{rng.randrange(1 << 20)}-0000abcd.1"))
         os.mkfifo(Path(layout.ns_dir, name, f"{rng.randrange(1 << 20)}-0000abce.2"))
     os.symlink(outside, Path(layout.ns_dir, "zz"))

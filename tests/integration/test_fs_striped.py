@@ -5,7 +5,6 @@ and exact per-root accounting after SIGKILLs mid-store. Real directories, files 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -245,9 +244,7 @@ def test_sigkill_mid_store_on_a_striped_tier_leaves_every_roots_accounting_exact
         for t in observer.roots:  # evidence the kill landed inside a store: a reservation, an intent, a temp
             raw = t.usage(recover=False)
             dead = [p for tok, p in raw.procs.items() if tok != t.accounting.token]
-            if any(p["reserved"] or p["intent"] for p in dead) or os.listdir(
-                os.path.join(t.layout.ns_dir, "tmp")
-            ):
+            if any(p["reserved"] or p["intent"] for p in dead) or h.temp_files(t.layout.ns_dir):
                 mid_batch += 1
                 break
         # With the observer alive, each root's totals equal that root's bytes in its tree (the dead
@@ -255,7 +252,7 @@ def test_sigkill_mid_store_on_a_striped_tier_leaves_every_roots_accounting_exact
         for t, st in zip(observer.roots, observer.usage(), strict=True):
             assert st.reserved == 0
             assert st.published == sum(h.block_files(t.layout.ns_dir).values())
-            assert not os.listdir(os.path.join(t.layout.ns_dir, "tmp"))
+            assert not h.temp_files(t.layout.ns_dir)
     assert mid_batch >= 1, "no kill landed inside a store"
     observer.refresh()
     keys = list(observer.indexed_keys())[:8]

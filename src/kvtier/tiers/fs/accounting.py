@@ -27,7 +27,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import stat
 import struct
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 import xxhash
 
 from kvtier.tiers.fs.safe import ForeignFileError, SafeTree, open_dir
+from kvtier.tiers.fs.temps import TempDirs, is_token
 
 log = logging.getLogger("kvtier.tiers.fs")
 
@@ -55,25 +55,8 @@ MAX_EVENT_KEY = 0xFFFF
 _READ_CHUNK = 1 << 16
 #: Blocks published under one journaled intent (and leaf descriptors held at once).
 _PUBLISH_GROUP = 64
-TMP_DIR = "tmp"
-#: A process token as :class:`~kvtier.tiers.fs.tier.FsTier` makes it: ``<pid>-<8 hex>``. Anything
-#: else read from the tree (accounting entries, ``procs/`` names, temp-file names) is forged or
-#: foreign: never joined into a path, never unlinked.
-_TOKEN = re.compile(r"\A[0-9]{1,10}-[0-9a-f]{8}\Z")
-_TEMP_NAME = re.compile(r"\A([0-9]{1,10}-[0-9a-f]{8})\.[0-9]{1,20}\Z")
 _O_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _OPEN_MARKER = os.O_RDWR | _O_SAFE
-
-
-def is_token(name: object) -> bool:
-    """Whether ``name`` has the fixed shape of a process token (see ``_TOKEN``)."""
-    return isinstance(name, str) and _TOKEN.match(name) is not None
-
-
-def temp_owner(name: str) -> str | None:
-    """The token that owns temp file ``name`` (``<token>.<n>``), or ``None`` if it is not one."""
-    m = _TEMP_NAME.match(name)
-    return m.group(1) if m else None
 
 
 @dataclass
@@ -158,14 +141,14 @@ class SharedAccounting:
         self.ns_dir = ns_dir
         self.token = token
         self.fsync = fsync
-        self.tmp_dir = os.path.join(ns_dir, TMP_DIR)
         self.procs_dir = os.path.join(ns_dir, PROCS_DIR)
-        for d in (self.tmp_dir, self.procs_dir):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, 0o700)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.procs_dir, 0o700)
         # Held for our whole life and used as dir_fd: a tmp/ or procs/ later replaced by a symlink
         # is never followed (O_NOFOLLOW refuses one now).
-        self.tmp_fd = open_dir(self.tmp_dir)
+        #: The temp files' directories (``tmp/`` and its shards).
+        self.temps = TempDirs(ns_dir)
+        self.tmp_dir = self.temps.dir
         #: Confined access to the block files (links, FIFOs, other owners' files refused).
         self.tree = SafeTree(ns_dir, owners=owners)
         self._procs_fd = open_dir(self.procs_dir)
@@ -393,11 +376,11 @@ class SharedAccounting:
                     # Never looked up: a forged intent cannot probe or change anything.
                     self._note_forged(1, f"an intent naming {name!r}")
                     continue
-                if kind == "pub" and self._temp_exists(name):
+                if kind == "pub" and self.temps.exists(name):
                     st.published -= delta  # the rename never happened
                 elif kind == "del" and self.tree.lexists(name):
                     st.published += delta  # the unlink never happened
-            self._remove_temp_files(token)
+            self.temps.remove_owned(token)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(token, dir_fd=self._procs_fd)
         # Marker files of processes that died before registering (or after a wiped file). Names
@@ -407,7 +390,7 @@ class SharedAccounting:
                 if is_token(e.name) and e.name not in st.procs and not self._is_alive(e.name):
                     with contextlib.suppress(OSError):
                         os.unlink(e.name, dir_fd=self._procs_fd)
-                    self._remove_temp_files(e.name)
+                    self.temps.remove_owned(e.name)
         st.published = max(0, st.published)
         return len(dead)
 
@@ -425,42 +408,16 @@ class SharedAccounting:
         if not isinstance(name, str):
             return False
         if kind == "pub":
-            head, _, tail = name.rpartition("/")
-            return head == self.tmp_dir and temp_owner(tail) == token
+            return self.temps.owned_by(name, token)
         if kind == "del":
             return self.is_block_path is not None and self.is_block_path(name)
         return False
-
-    def _temp_exists(self, tmp: str) -> bool:
-        try:
-            os.stat(tmp.rpartition("/")[2], dir_fd=self.tmp_fd, follow_symlinks=False)
-        except OSError:
-            return False
-        return True
-
-    def _remove_temp_files(self, token: str) -> None:
-        if not is_token(token):
-            return
-        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
-            for e in it:
-                if temp_owner(e.name) == token:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.name, dir_fd=self.tmp_fd)
 
     def remove_stale_temp_files(self, st: AccountingState) -> int:
         """Delete temp files whose owner token is not a live registered process (inside a section).
 
         Only names of the temp-file shape are touched (an entry is unlinked, never followed)."""
-        removed = 0
-        with contextlib.suppress(OSError), os.scandir(self.tmp_fd) as it:
-            for e in it:
-                owner = temp_owner(e.name)
-                if owner is None or owner in st.procs:
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.name, dir_fd=self.tmp_fd)
-                    removed += 1
-        return removed
+        return self.temps.remove_stale(st.procs.__contains__)
 
     def alone(self, st: AccountingState) -> bool:
         """Whether no other process registered since we did (and none is registered now)."""
@@ -540,14 +497,14 @@ class SharedAccounting:
         self.write_intent(st, [["pub", p[0], p[2]] for p in plan if p[3]])
         ok: list[bool] = []
         for tmp, final, size, new, leaf_fd, name in plan:
-            tmp_name = tmp.rpartition("/")[2]
             try:
+                tmp_fd, tmp_name = self.temps.locate(tmp)  # our own name: ValueError is a bug
                 if new and leaf_fd is not None:
-                    os.rename(tmp_name, name, src_dir_fd=self.tmp_fd, dst_dir_fd=leaf_fd)
+                    os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=leaf_fd)
                 elif new:
-                    self.tree.rename_in(self.tmp_fd, tmp_name, final)
+                    self.tree.rename_in(tmp_fd, tmp_name, final)
                 else:
-                    os.unlink(tmp_name, dir_fd=self.tmp_fd)
+                    os.unlink(tmp_name, dir_fd=tmp_fd)
                 ok.append(final not in foreign)
             except OSError as exc:
                 if new:
@@ -559,11 +516,7 @@ class SharedAccounting:
     def unlink_temp(self, tmp: str) -> bool:
         """Remove our temp file ``tmp`` (by name in ``tmp/``, never through a link); whether it
         was there."""
-        try:
-            os.unlink(tmp.rpartition("/")[2], dir_fd=self.tmp_fd)
-        except OSError:
-            return False
-        return True
+        return self.temps.unlink(tmp)
 
     def release(self, nbytes: int) -> None:
         """Give back a reservation whose temp file was never published (already deleted)."""
@@ -588,10 +541,11 @@ class SharedAccounting:
         with contextlib.suppress(OSError), self.section() as st:
             me = st.procs.pop(self.token, None)
             if me is not None and int(me.get("reserved", 0)):
-                self._remove_temp_files(self.token)
+                self.temps.remove_owned(self.token)
         with contextlib.suppress(OSError):
             os.unlink(self.token, dir_fd=self._procs_fd)
         self.tree.close()
-        for fd in (self._proc_fd, self._fd, self._ev_fd, self.tmp_fd, self._procs_fd):
+        self.temps.close()
+        for fd in (self._proc_fd, self._fd, self._ev_fd, self._procs_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

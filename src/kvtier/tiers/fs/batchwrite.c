@@ -2,14 +2,15 @@
  * foreign call (the store twin of batchread.c).
  *
  * Contract (kvtier/tiers/fs/batchwrite.py is the caller and the Python twin's owner):
- * items[i] describes block i (struct item below); names (NUL-terminated) and keys live in blob.
+ * items[i] describes block i (struct item below); names (NUL-terminated) and keys live in blob;
+ * each names its temp file relative to its own directory descriptor (the tier's tmp/ shards).
  * For each block, in order:
  *   1. seed = xxh3(key || tail) and checksum = xxh3(payload, seed), payload = plen bytes at src;
  *   2. the header, exactly kvtier.codec.encode_header(key, plen, checksum, ns_tag, 4096): the
  *      36-byte fixed part ("KVTB", version 1, checksum kind 1, key length u16, header length u32,
  *      payload length u64, namespace tag u64, checksum u64, little-endian), the low 32 bits of
  *      xxh3(fixed || key), the key, zeros up to hlen (in a page-aligned buffer: O_DIRECT takes it);
- *   3. openat(tmp_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC [| O_DIRECT],
+ *   3. openat(dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC [| O_DIRECT],
  *      0600): never an existing file, never through a planted link;
  *   4. one pwritev of header + payload (a short write is finished with further pwritev calls);
  *   5. fsync when asked; close.
@@ -38,9 +39,10 @@ typedef uint64_t (*xxh3_fn)(const void *data, size_t len, uint64_t seed);
 #define TAIL_LEN 16  /* namespace tag + payload length, appended to the key for the seed */
 #define ALIGN 4096
 
-struct item { /* 24 bytes: struct.pack("<IIIB3xQ") in batchwrite.py */
+struct item { /* 32 bytes: struct.pack("<IIIiB7xQ") in batchwrite.py */
     uint32_t name_off, key_off, key_len;
-    uint8_t direct, pad[3];
+    int32_t dir_fd;
+    uint8_t direct, pad[7];
     uint64_t src;
 };
 
@@ -68,7 +70,7 @@ static int write_all(int fd, unsigned char *h, size_t hlen, unsigned char *src, 
 }
 
 int64_t kvt_write_blocks(
-    int64_t n, const struct item *items, const unsigned char *blob, int tmp_fd, int64_t hlen, int64_t plen,
+    int64_t n, const struct item *items, const unsigned char *blob, int64_t hlen, int64_t plen,
     uint64_t ns_tag, const unsigned char *tail, int do_fsync, xxh3_fn xxh3, int64_t *err) {
     size_t max_key = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -109,7 +111,7 @@ int64_t kvt_write_blocks(
         put(h + FIXED_LEN, xxh3(scratch, FIXED_LEN + klen, 0) & 0xFFFFFFFFu, 4);
         memcpy(h + FIXED_LEN + 4, key, klen);
         int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (it->direct ? O_DIRECT : 0);
-        int fd = openat(tmp_fd, (const char *)blob + it->name_off, flags, 0600);
+        int fd = openat(it->dir_fd, (const char *)blob + it->name_off, flags, 0600);
         if (fd < 0) {
             err[i] = errno;
             continue;

@@ -6,14 +6,16 @@ Why: writing one block from Python is ~5 calls that each release and retake the 
 cores are busy, or in an engine whose loop holds the GIL between steps, every retake is a wait.
 The load side has the same twin (:mod:`.batchread`).
 
-Contract of :meth:`BatchWriter.write`: for each ``(name, slot, key, direct)`` it creates
-``name`` in the tier's temp directory (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, ``O_DIRECT``
+Contract of :meth:`BatchWriter.write`: for each ``(dir_fd, name, slot, key, direct)`` it creates
+``name`` in directory ``dir_fd`` (a shard of the tier's ``tmp/``; ``O_CREAT | O_EXCL | O_NOFOLLOW``,
+mode 0600, ``O_DIRECT``
 when ``direct``) holding exactly the bytes :func:`~kvtier.tiers.fs.io.write_block` writes (the
 :mod:`kvtier.codec` header padded to 4096 bytes, then the slot's payload), and answers ``0``, or
 the ``errno`` of the step that failed (the caller then removes the temp file and gives the
 reservation back, as for a failed Python write). Everything else (reservation, publication,
 the journal) stays with the caller, so crash safety is unchanged: a temp file is only ever named
-``<token>.<seq>`` in ``tmp/`` and becomes a block by the caller's journaled rename.
+``<token>.<seq>`` in a shard of ``tmp/`` (:mod:`.temps`) and becomes a block by the caller's journaled
+rename.
 
 :func:`open_writer` gives ``None`` (the caller keeps its Python path) when no C compiler is found,
 ``KVTIER_FS_BATCHWRITE=python`` is set, or the ``xxhash`` module exports no
@@ -40,12 +42,13 @@ __all__ = ["BatchWriter", "WriteItem", "open_writer"]
 _SOURCE = Path(__file__).with_name("batchwrite.c")
 _P = ctypes.c_void_p
 #: ``struct item`` of batchwrite.c.
-_ITEM = struct.Struct("<IIIB3xQ")
+_ITEM = struct.Struct("<IIIiB7xQ")
 
 
 class WriteItem(NamedTuple):
-    """One block to write: its temp file's name in ``tmp/``, primary slot, key, O_DIRECT."""
+    """One block to write: its temp file's directory and name, primary slot, key, O_DIRECT."""
 
+    dir_fd: int
     name: str
     slot: int
     key: bytes
@@ -53,35 +56,35 @@ class WriteItem(NamedTuple):
 
 
 _I64 = ctypes.c_int64
-# n, items, blob, tmp_fd, hlen, plen, ns_tag, tail, fsync, xxh3, err (see batchwrite.c)
+# n, items, blob, hlen, plen, ns_tag, tail, fsync, xxh3, err (see batchwrite.c)
 _CALL = CCall(
     _SOURCE,
     "kvt_write_blocks",
-    [_I64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, _I64, _I64, ctypes.c_uint64, _P,
+    [_I64, ctypes.c_char_p, ctypes.c_char_p, _I64, _I64, ctypes.c_uint64, _P,
      ctypes.c_int, _P, _P],
     disable_env="KVTIER_FS_BATCHWRITE",
 )  # fmt: skip
 
 
 def open_writer(
-    tmp_fd: int, rows: npt.NDArray[np.uint8], *, payload_len: int, ns_tag: int, fsync: bool
+    rows: npt.NDArray[np.uint8], *, payload_len: int, ns_tag: int, fsync: bool
 ) -> BatchWriter | None:
     """A writer for one fs tier's stores (see the module doc), or ``None`` where there is none."""
     resolved = _CALL.get()
     if resolved is None or rows.ndim != 2 or not rows.flags.c_contiguous:
         return None
     fn, xxh3 = resolved
-    return BatchWriter(fn, xxh3, tmp_fd, rows, payload_len=payload_len, ns_tag=ns_tag, fsync=fsync)
+    return BatchWriter(fn, xxh3, rows, payload_len=payload_len, ns_tag=ns_tag, fsync=fsync)
 
 
 class BatchWriter:
     """Batched temp-file writes of one fs tier (worker threads; no state shared between calls)."""
 
     def __init__(
-        self, fn: Callable[..., int], xxh3: int, tmp_fd: int, rows: npt.NDArray[np.uint8], *,
+        self, fn: Callable[..., int], xxh3: int, rows: npt.NDArray[np.uint8], *,
         payload_len: int, ns_tag: int, fsync: bool,
     ) -> None:  # fmt: skip
-        self._fn, self._xxh3, self._tmp_fd = fn, xxh3, tmp_fd
+        self._fn, self._xxh3 = fn, xxh3
         self._base, self._stride = rows.ctypes.data, rows.strides[0]
         self.payload_len, self._ns_tag, self._fsync = payload_len, ns_tag, int(fsync)
         self._tail = ctypes.create_string_buffer(codec.payload_seed_tail(ns_tag, payload_len), 16)
@@ -104,11 +107,12 @@ class BatchWriter:
             name = it.name.encode() + b"\0"
             blob.append(name)
             blob.append(it.key)
-            recs.append(pack(off, off + len(name), len(it.key), it.direct, base + it.slot * stride))
+            src = base + it.slot * stride
+            recs.append(pack(off, off + len(name), len(it.key), it.dir_fd, it.direct, src))
             off += len(name) + len(it.key)
         err = (ctypes.c_int64 * n)()
         self._fn(
-            n, b"".join(recs), b"".join(blob), self._tmp_fd, hlen, self.payload_len, self._ns_tag,
+            n, b"".join(recs), b"".join(blob), hlen, self.payload_len, self._ns_tag,
             self._tail_addr, self._fsync, self._xxh3, err,
         )  # fmt: skip
         return err[:]

@@ -91,8 +91,8 @@ class StorePath:
         self._batch: BatchWriter | None = None
         if write_file is None and parts.mac is None:
             self._batch = open_writer(
-                parts.accounting.tmp_fd, parts.rows, payload_len=parts.block_bytes,
-                ns_tag=parts.layout.ns_tag, fsync=parts.options.fsync,
+                parts.rows, payload_len=parts.block_bytes, ns_tag=parts.layout.ns_tag,
+                fsync=parts.options.fsync,
             )  # fmt: skip
         self._on_published = on_published
         self.parts = parts
@@ -137,7 +137,7 @@ class StorePath:
             todo: list[tuple[BlockKey, int, str, int]] = []
             for key, slot in items:
                 if key in granted:
-                    tmp = f"{acct.tmp_dir}/{acct.token}.{next(self._seq)}"
+                    tmp = acct.temps.path(acct.token, next(self._seq))
                     todo.append((key, slot, tmp, layout.file_size(len(key))))
             for (key, _, tmp, size), err in zip(todo, self._write_many(todo), strict=True):
                 try:
@@ -181,9 +181,9 @@ class StorePath:
                 if len(key) <= _ONE_PAGE_KEY and (not direct or self._align.aligned(slot))
             ]  # fmt: skip
             if picked:
+                locate = self.parts.accounting.temps.locate
                 errs = batch.write([
-                    WriteItem(todo[i][2].rpartition("/")[2], todo[i][1], bytes(todo[i][0]), direct)
-                    for i in picked
+                    WriteItem(*locate(todo[i][2]), todo[i][1], bytes(todo[i][0]), direct) for i in picked
                 ])  # fmt: skip
                 for i, e in zip(picked, errs, strict=True):
                     if e:
@@ -203,10 +203,10 @@ class StorePath:
         bb = self.parts.block_bytes
         payload = self.parts.rows[slot, :bb]
         direct = self.direct_io and bb % HEADER_ALIGN == 0 and self._align.aligned(slot)
-        acct = self.parts.accounting
+        dir_fd, name = self.parts.accounting.temps.locate(tmp)
         write_block(
-            tmp.rpartition("/")[2], key, payload.data, self.parts.layout.ns_tag, direct=direct,
-            fsync=self.parts.options.fsync, dir_fd=acct.tmp_fd, mac=self.parts.mac,
+            name, key, payload.data, self.parts.layout.ns_tag, direct=direct,
+            fsync=self.parts.options.fsync, dir_fd=dir_fd, mac=self.parts.mac,
         )  # fmt: skip
 
     # -- after the last chunk (worker thread) ---------------------------------------------------
