@@ -139,6 +139,9 @@ def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Pa
             assert d.stat().st_mode & 0o777 == 0o700, d
         k = h.key_of("after-precreate")
         assert os.path.dirname(t.layout.path_of(k)) in t.shard_dirs.made  # no mkdir on the store path
+        # ... and every leaf is open in the tree's descriptor cache: no walk on the first store there.
+        tree = t.shard_dirs.tree
+        assert all(tree.cached_leaf(str(leaf / "x")) is not None for leaf in ns.glob("?/?"))
         assert h.store(t, primary, [k]).success
     finally:
         t.shutdown()

@@ -378,12 +378,13 @@ class ShardDirs:
 
     def precreate_top(self, top_dir: str) -> None:
         """Create top-level shard directory ``top_dir`` and its 16 leaves (existing ones cost one
-        failed mkdir)."""
+        failed mkdir), and open them into the tree's descriptor cache."""
         for mid in "0123456789abcdef":
             leaf = os.path.join(top_dir, mid)
             if leaf not in self.made:
                 self.tree.make_dirs(f"{leaf}/_")
                 self.made.add(leaf)
+            self.tree.warm(f"{leaf}/_")  # a young tree's first store there then skips the walk
 
 
 def _is_hex(s: str) -> bool:

@@ -183,6 +183,13 @@ class SafeTree:
             return None
         return hit[0], name, hit[1]
 
+    def warm(self, path: str) -> None:
+        """Open and cache the shard directories above block path ``path`` now (while the cache
+        has room), so the first store or load of a young tree into that leaf skips the walk.
+        Raises as :meth:`leaf` does."""
+        with self.leaf(path):
+            pass
+
     @contextlib.contextmanager
     def leaf(self, path: str) -> Iterator[tuple[int, str]]:
         """``(descriptor of the directory holding path, file name)`` for a path of the tree (a
