@@ -15,6 +15,12 @@ Every system moves the same bytes between the same page-aligned CPU buffer (the 
   the same blocks through its ``submit_put_task`` / ``get_blocking`` API, with the same threads.
 * **raw**: one file per block (``open(O_CREAT|O_EXCL)``, one write, close; ``open``, one
   ``readv``, close) on a pool of the same threads: the limit any per-file design can reach.
+* **sum_raw** and **safe_raw**: the raw loop (over 256 leaf directories) plus what a checksummed
+  tier cannot skip, xxh3-64 of each block (GIL released) verified on load; ``safe_raw`` also
+  writes each block to a temp file in one of 16 temp directories and renames it into its leaf (so
+  no reader sees half a block, as kvtier and vLLM publish). Their ratios to raw (``ceiling``:
+  ``<phase>_<size>_t<n>_sum_raw_vs_raw`` and ``..._safe_raw_vs_raw``) are the ceilings of a
+  verified tier and of kvtier's design on this machine, measured in the same round.
 
 Jobs hold one block each (``--job-blocks``, default 1: vLLM's tiering manager submits one job per
 request, and short requests are the common case). Durability is the same for all: writes use
@@ -37,7 +43,8 @@ Bytes are checked after each load. The figure per phase is MB/s; ``ratios`` maps
 ``<phase>_<size>_t<threads>_vs_<peer>`` to the median over rounds of kvtier's MB/s / the peer's MB/s
 in the same round (higher is better); ``ceiling`` maps ``<phase>_<size>_t<threads>_raw_vs_<peer>`` to
 the same for raw file I/O, the most a tier writing one file per block can reach against that peer
-on this machine. ``--json`` prints ONE JSON object.
+on this machine, and ``..._sum_raw_vs_raw`` / ``..._safe_raw_vs_raw`` to the share of raw that the
+bare checksummed loops reach (see above). ``--json`` prints ONE JSON object.
 
 Install the peers: ``pip install --no-deps vllm==0.33.0`` (plus ``.ci/vllm-requirements.txt``) and
 ``pip install --no-deps lmcache==0.5.6 numba llvmlite aiofile caio`` (LMCache's light imports).
@@ -66,7 +73,15 @@ from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey
 from kvtier.tiers.base import TierContext
 from kvtier.tiers.fs import FsTier
-from peers_fs import LMCacheDisk, RawFiles, VllmFs, evict_page_cache, lmcache_reason, vllm_reason
+from peers_fs import (
+    LMCacheDisk,
+    RawFiles,
+    SafeRawFiles,
+    VllmFs,
+    evict_page_cache,
+    lmcache_reason,
+    vllm_reason,
+)
 
 MIB = 1 << 20
 PHASES = ("store", "load_warm", "load_cold")
@@ -137,6 +152,11 @@ def bench_config(
         "kvtier": lambda d: KvtierFs(d, view, block_bytes, threads, direct, capacity, job_blocks),
         "raw": lambda d: RawFiles(d, rows, threads, direct),
     }  # fmt: skip
+    for ceil_name in CEILINGS:
+        if ceil_name not in skip:
+            makers[ceil_name] = lambda d, c=ceil_name: SafeRawFiles(
+                d, rows, threads, direct, rename=c == "safe_raw"
+            )
     if "vllm" not in skip:
         makers["vllm"] = lambda d: VllmFs(d, view, block_bytes, threads, direct, job_blocks)
     if "lmcache" not in skip:
@@ -179,23 +199,36 @@ def bench_config(
             with contextlib.suppress(Exception):
                 s.close()
 
-    def median_ratio(a: str, b: str, p: str) -> float:  # over rounds, each round's a / b
-        return round(statistics.median(x / y for x, y in zip(mbps[a][p], mbps[b][p], strict=True)), 3)
-
-    tag = f"{_tag(block_bytes)}_t{threads}"
-    ratios = {f"{p}_{tag}_vs_{peer}": median_ratio("kvtier", peer, p) for peer in names[1:] for p in PHASES}
-    # Raw I/O / peer: the most any one-file-per-block tier can reach against that peer here.
-    ceiling = {
-        f"{p}_{tag}_raw_vs_{peer}": median_ratio("raw", peer, p)
-        for peer in names[1:]
-        if "raw" in names and peer != "raw"
-        for p in PHASES
-    }
+    ratios, ceiling = _ratio_maps(mbps, f"{_tag(block_bytes)}_t{threads}")
     return {
         "block_bytes": block_bytes, "blocks": blocks, "threads": threads, "job_blocks": job_blocks,
         "MBps": {n: {p: round(statistics.median(v), 1) for p, v in ph.items()} for n, ph in mbps.items()},
         "ratios": ratios, "ceiling": ceiling,
     }  # fmt: skip
+
+
+#: Bare loops measured as ceilings (as a share of raw), not as peers to beat.
+CEILINGS = ("sum_raw", "safe_raw")
+
+
+def _ratio_maps(
+    mbps: dict[str, dict[str, list[float]]], tag: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``ratios`` (kvtier ÷ every other system) and ``ceiling`` (raw ÷ each peer; each bare
+    checksummed loop ÷ raw), medians over rounds of the same round's figures."""
+
+    def median_ratio(a: str, b: str, p: str) -> float:  # over rounds, each round's a / b
+        return round(statistics.median(x / y for x, y in zip(mbps[a][p], mbps[b][p], strict=True)), 3)
+
+    names = list(mbps)
+    ratios = {f"{p}_{tag}_vs_{peer}": median_ratio("kvtier", peer, p) for peer in names[1:] for p in PHASES}
+    peers = [n for n in names if n not in ("kvtier", "raw", *CEILINGS)]
+    # Raw I/O / peer: the most any one-file-per-block tier can reach against that peer here.
+    ceiling = {f"{p}_{tag}_raw_vs_{peer}": median_ratio("raw", peer, p) for peer in peers for p in PHASES}
+    for c in CEILINGS:  # the ceilings of a verified tier (and of kvtier's design), as a share of raw
+        if c in names:
+            ceiling |= {f"{p}_{tag}_{c}_vs_raw": median_ratio(c, "raw", p) for p in PHASES}
+    return ratios, ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-blocks", type=int, default=1, help="blocks per job (vLLM's manager: 1)")
     ap.add_argument("--buffered", action="store_true", help="buffered writes for all (default O_DIRECT)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 24 MiB")
-    ap.add_argument("--only", default="", help="comma-separated peers to run (vllm,lmcache,raw)")
+    ap.add_argument("--only", default="", help="comma-separated peers to run (vllm,lmcache,sum_raw,safe_raw)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: system temp)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -222,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             skip[peer] = why
     if args.only:
-        for peer in {"vllm", "lmcache"} - set(args.only.split(",")):
+        for peer in {"vllm", "lmcache", *CEILINGS} - set(args.only.split(",")):
             skip.setdefault(peer, "not selected (--only)")
     base = tempfile.mkdtemp(prefix="kvtier-bench-peers-", dir=args.dir)
     direct = not args.buffered and _direct_ok(base)
@@ -239,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = {k: v for r in results for k, v in r["ceiling"].items()}
     doc = {
         "benchmark": "bench_fs_peers",
-        "reference": "vLLM 0.33 fs tier, LMCache 0.5.6 local disk, raw file I/O; same bytes, threads, jobs",
+        "reference": (
+            "vLLM 0.33 fs tier, LMCache 0.5.6 local disk, raw file I/O, raw + checksum (+ temp-file rename); "
+            "same bytes, threads, jobs"
+        ),
         "direct_writes": direct,
         "ratios": ratios,
         "ceiling": ceiling,

@@ -108,6 +108,86 @@ class RawFiles:
         self.pool.shutdown()
 
 
+class SafeRawFiles:
+    """The least a checksummed (``rename=False``: ``sum_raw``) or a checksummed and atomically
+    published (``rename=True``: ``safe_raw``) one-file-per-block tier does, as a bare loop: the
+    ceilings of kvtier's design on this machine (no header, index, accounting, journal or jobs).
+
+    Store: xxh3-64 of the block (the C function kvtier's writer calls, GIL released), then create
+    the file (``O_CREAT|O_EXCL``) in one of 256 leaf directories made before the timed part, one
+    write, close; with ``rename`` the file is created in one of 16 temp directories and renamed
+    into its leaf, so no reader ever sees half a block. Load: open, one ``readv``, close, xxh3-64 of
+    what was read compared with the stored checksum (kept in memory: there is no header).
+    """
+
+    def __init__(self, root: str, rows: np.ndarray, threads: int, direct: bool, *, rename: bool) -> None:
+        import ctypes
+
+        from kvtier.tiers.fs.ccall import xxh3_address
+
+        addr = xxh3_address()
+        if addr is None:
+            raise RuntimeError("safe_raw needs xxhash's XXH3_64bits_withSeed")
+        proto = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64)
+        self._xxh3 = proto(addr)  # a foreign call: the GIL is released while it hashes
+        self.name = "safe_raw" if rename else "sum_raw"
+        self.rename = rename
+        self.root = root
+        self.rows = rows
+        self.direct = direct
+        self.pool = ThreadPoolExecutor(threads)
+        self._sums: dict[bytes, int] = {}
+        for i in range(16):
+            os.makedirs(os.path.join(root, "tmp", f"{i:x}"), exist_ok=True)
+        for i in range(256):
+            os.makedirs(os.path.join(root, f"{i >> 4:x}", f"{i & 15:x}"), exist_ok=True)
+
+    def _path(self, key: bytes) -> str:
+        return os.path.join(self.root, f"{key[0] >> 4:x}", f"{key[0] & 15:x}", key.hex())
+
+    def store(self, keys: list[bytes], slots: list[int]) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if self.direct else 0)
+        nbytes = self.rows.shape[1]
+
+        def one(i: int) -> None:
+            row = self.rows[slots[i]]
+            self._sums[keys[i]] = self._xxh3(row.ctypes.data, nbytes, 0)
+            final = self._path(keys[i])
+            path = (
+                os.path.join(self.root, "tmp", f"{i & 15:x}", f"{i}.{keys[i].hex()}")
+                if self.rename
+                else final
+            )
+            fd = os.open(path, flags, 0o600)
+            try:
+                os.write(fd, row.data)
+            finally:
+                os.close(fd)
+            if self.rename:
+                os.rename(path, final)
+
+        list(self.pool.map(one, range(len(keys))))
+
+    def load(self, keys: list[bytes], slots: list[int]) -> None:
+        flags = os.O_RDONLY | (_O_DIRECT if self.direct else 0)
+        nbytes = self.rows.shape[1]
+
+        def one(i: int) -> None:
+            row = self.rows[slots[i]]
+            fd = os.open(self._path(keys[i]), flags)
+            try:
+                os.readv(fd, [row.data])
+            finally:
+                os.close(fd)
+            if self._xxh3(row.ctypes.data, nbytes, 0) != self._sums[keys[i]]:
+                raise RuntimeError(f"safe_raw: block {keys[i].hex()} fails its checksum")
+
+        list(self.pool.map(one, range(len(keys))))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
 class VllmFs:
     """vLLM 0.33's ``FileSystemTierManager`` through its ``SecondaryTierManager`` API."""
 
