@@ -15,12 +15,13 @@ Every system moves the same bytes between the same page-aligned CPU buffer (the 
   the same blocks through its ``submit_put_task`` / ``get_blocking`` API, with the same threads.
 * **raw**: one file per block (``open(O_CREAT|O_EXCL)``, one write, close; ``open``, one
   ``readv``, close) on a pool of the same threads: the limit any per-file design can reach.
-* **sum_raw** and **safe_raw**: the raw loop (over 256 leaf directories) plus what a checksummed
-  tier cannot skip, xxh3-64 of each block (GIL released) verified on load; ``safe_raw`` also
-  writes each block to a temp file in one of 16 temp directories and renames it into its leaf (so
-  no reader sees half a block, as kvtier and vLLM publish). Their ratios to raw (``ceiling``:
-  ``<phase>_<size>_t<n>_sum_raw_vs_raw`` and ``..._safe_raw_vs_raw``) are the ceilings of a
-  verified tier and of kvtier's design on this machine, measured in the same round.
+* **sum_raw**: exactly the raw loop plus xxh3-64 of each block (GIL released), verified on load:
+  the cost of checking the bytes and nothing else. **safe_raw**: the same checksums, each block
+  written to a temp file in one of ``--safe-raw-temp-dirs`` temp directories (default 16, as
+  kvtier) and renamed into one of 256 leaves, so no reader sees half a block (kvtier and vLLM
+  publish so). Their ratios to raw (``ceiling``: ``<phase>_<size>_t<n>_sum_raw_vs_raw`` and
+  ``..._safe_raw_vs_raw``) are the ceilings of a verified tier and of kvtier's design on this
+  machine, measured in the same round.
 
 Jobs hold one block each (``--job-blocks``, default 1: vLLM's tiering manager submits one job per
 request, and short requests are the common case). Durability is the same for all: writes use
@@ -137,7 +138,7 @@ def _tag(n: int) -> str:
 
 def bench_config(
     base: str, block_bytes: int, blocks: int, threads: int, rounds: int, direct: bool,
-    job_blocks: int, skip: dict[str, str],
+    job_blocks: int, skip: dict[str, str], temp_dirs: int = 16,
 ) -> dict[str, Any]:  # fmt: skip
     """One block size and thread count: every system, ``rounds`` rotated rounds, three phases."""
     mem = mmap.mmap(-1, 2 * blocks * block_bytes)  # page-aligned, like a primary tier's buffer
@@ -154,9 +155,8 @@ def bench_config(
     }  # fmt: skip
     for ceil_name in CEILINGS:
         if ceil_name not in skip:
-            makers[ceil_name] = lambda d, c=ceil_name: SafeRawFiles(
-                d, rows, threads, direct, rename=c == "safe_raw"
-            )
+            dirs = temp_dirs if ceil_name == "safe_raw" else 0
+            makers[ceil_name] = lambda d, n=dirs: SafeRawFiles(d, rows, threads, direct, temp_dirs=n)
     if "vllm" not in skip:
         makers["vllm"] = lambda d: VllmFs(d, view, block_bytes, threads, direct, job_blocks)
     if "lmcache" not in skip:
@@ -241,11 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buffered", action="store_true", help="buffered writes for all (default O_DIRECT)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 24 MiB")
     ap.add_argument("--only", default="", help="comma-separated peers to run (vllm,lmcache,sum_raw,safe_raw)")
+    ap.add_argument(
+        "--safe-raw-temp-dirs", type=int, default=16,
+        help="temp directories of the safe_raw loop (kvtier: 16; 1 = one tmp/, as kvtier had before)",
+    )  # fmt: skip
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: system temp)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     from kvtier.config import parse_size
 
+    if args.safe_raw_temp_dirs < 1:
+        ap.error(f"--safe-raw-temp-dirs must be >= 1, got {args.safe_raw_temp_dirs}")
     if args.quick:
         args.rounds, args.mib = 2, 24
     sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",") if s.strip()]
@@ -265,7 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         for bs in sizes:
             blocks = max(4, args.mib * MIB // bs)
             for t in thread_counts:
-                results.append(bench_config(base, bs, blocks, t, args.rounds, direct, args.job_blocks, skip))
+                results.append(
+                    bench_config(
+                        base,
+                        bs,
+                        blocks,
+                        t,
+                        args.rounds,
+                        direct,
+                        args.job_blocks,
+                        skip,
+                        args.safe_raw_temp_dirs,
+                    )
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     ratios = {k: v for r in results for k, v in r["ratios"].items()}

@@ -108,42 +108,51 @@ class RawFiles:
         self.pool.shutdown()
 
 
-class SafeRawFiles:
-    """The least a checksummed (``rename=False``: ``sum_raw``) or a checksummed and atomically
-    published (``rename=True``: ``safe_raw``) one-file-per-block tier does, as a bare loop: the
-    ceilings of kvtier's design on this machine (no header, index, accounting, journal or jobs).
+def _open_dir(path: str) -> int:
+    os.makedirs(path, exist_ok=True)
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
-    Store: xxh3-64 of the block (the C function kvtier's writer calls, GIL released), then create
-    the file (``O_CREAT|O_EXCL``) in one of 256 leaf directories made before the timed part, one
-    write, close; with ``rename`` the file is created in one of 16 temp directories and renamed
-    into its leaf, so no reader ever sees half a block. Load: open, one ``readv``, close, xxh3-64 of
-    what was read compared with the stored checksum (kept in memory: there is no header).
+
+class SafeRawFiles:
+    """Bare loops that do only what a verified tier cannot skip: the ceilings of kvtier's design.
+
+    * ``temp_dirs=0`` (``sum_raw``): exactly the raw loop (one file per block in one directory,
+      ``O_CREAT|O_EXCL``, one write, close; open, one ``readv``, close) plus xxh3-64 of each block
+      before its write and after its read (checked against the stored sum, kept in memory: there
+      is no header), with the C function kvtier's writer and reader call, GIL released. Its ratio
+      to raw is the cost of checking the bytes, and nothing else.
+    * ``temp_dirs=n`` (``safe_raw``): the same checksums, each block written to a temp file in one
+      of ``n`` temp directories and renamed into one of 256 leaf directories (all made before the
+      timed part and reached through descriptors), so no reader ever sees half a block: what an
+      atomically publishing tier (kvtier, vLLM) adds.
     """
 
-    def __init__(self, root: str, rows: np.ndarray, threads: int, direct: bool, *, rename: bool) -> None:
+    def __init__(self, root: str, rows: np.ndarray, threads: int, direct: bool, *, temp_dirs: int) -> None:
         import ctypes
 
         from kvtier.tiers.fs.ccall import xxh3_address
 
         addr = xxh3_address()
         if addr is None:
-            raise RuntimeError("safe_raw needs xxhash's XXH3_64bits_withSeed")
+            raise RuntimeError("sum_raw / safe_raw need xxhash's XXH3_64bits_withSeed")
         proto = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64)
         self._xxh3 = proto(addr)  # a foreign call: the GIL is released while it hashes
-        self.name = "safe_raw" if rename else "sum_raw"
-        self.rename = rename
+        self.name = "safe_raw" if temp_dirs else "sum_raw"
         self.root = root
         self.rows = rows
         self.direct = direct
         self.pool = ThreadPoolExecutor(threads)
         self._sums: dict[bytes, int] = {}
-        for i in range(16):
-            os.makedirs(os.path.join(root, "tmp", f"{i:x}"), exist_ok=True)
-        for i in range(256):
-            os.makedirs(os.path.join(root, f"{i >> 4:x}", f"{i & 15:x}"), exist_ok=True)
+        self._fds: list[int] = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+        self._tmp = [_open_dir(os.path.join(root, "tmp", str(i))) for i in range(temp_dirs)]
+        self._leaves = [
+            _open_dir(os.path.join(root, f"{i >> 4:x}", f"{i & 15:x}"))
+            for i in range(256 if temp_dirs else 0)
+        ]
+        self._fds += self._tmp + self._leaves
 
-    def _path(self, key: bytes) -> str:
-        return os.path.join(self.root, f"{key[0] >> 4:x}", f"{key[0] & 15:x}", key.hex())
+    def _where(self, key: bytes) -> tuple[int, str]:
+        return (self._leaves[key[0]] if self._leaves else self._fds[0]), key.hex()
 
     def store(self, keys: list[bytes], slots: list[int]) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if self.direct else 0)
@@ -152,19 +161,15 @@ class SafeRawFiles:
         def one(i: int) -> None:
             row = self.rows[slots[i]]
             self._sums[keys[i]] = self._xxh3(row.ctypes.data, nbytes, 0)
-            final = self._path(keys[i])
-            path = (
-                os.path.join(self.root, "tmp", f"{i & 15:x}", f"{i}.{keys[i].hex()}")
-                if self.rename
-                else final
-            )
-            fd = os.open(path, flags, 0o600)
+            leaf, name = self._where(keys[i])
+            where, tmp = (self._tmp[i % len(self._tmp)], f"{i}.tmp") if self._tmp else (leaf, name)
+            fd = os.open(tmp, flags, 0o600, dir_fd=where)
             try:
                 os.write(fd, row.data)
             finally:
                 os.close(fd)
-            if self.rename:
-                os.rename(path, final)
+            if self._tmp:
+                os.rename(tmp, name, src_dir_fd=where, dst_dir_fd=leaf)
 
         list(self.pool.map(one, range(len(keys))))
 
@@ -174,18 +179,21 @@ class SafeRawFiles:
 
         def one(i: int) -> None:
             row = self.rows[slots[i]]
-            fd = os.open(self._path(keys[i]), flags)
+            leaf, name = self._where(keys[i])
+            fd = os.open(name, flags, dir_fd=leaf)
             try:
                 os.readv(fd, [row.data])
             finally:
                 os.close(fd)
             if self._xxh3(row.ctypes.data, nbytes, 0) != self._sums[keys[i]]:
-                raise RuntimeError(f"safe_raw: block {keys[i].hex()} fails its checksum")
+                raise RuntimeError(f"{self.name}: block {keys[i].hex()} fails its checksum")
 
         list(self.pool.map(one, range(len(keys))))
 
     def close(self) -> None:
         self.pool.shutdown()
+        for fd in self._fds:
+            os.close(fd)
 
 
 class VllmFs:

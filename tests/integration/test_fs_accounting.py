@@ -85,3 +85,33 @@ def test_events_reach_the_other_holder_and_a_cut_back_log_asks_for_a_rescan(
     finally:
         b.close()
         a.close()
+
+
+def test_a_dead_processs_pub_intents_and_temp_files_are_undone_in_both_temp_name_shapes(
+    tmp_path: Path,
+) -> None:
+    """Temp files live in shards of tmp/ now; an intent written by an earlier version names a flat
+    tmp/<token>.<n>. Both are undone: a temp file still there means its rename never happened."""
+    a = SharedAccounting(str(tmp_path), "1-0000000a")
+    dead = "99-deadbeef"  # no procs/ marker: dead
+    flat = f"{a.temps.dir}/{dead}.5"
+    sharded = a.temps.path(dead, 6)
+    renamed = a.temps.path(dead, 7)  # its rename happened: no temp file left
+    stray = a.temps.path(dead, 8)  # written, never journaled (the reservation covers it)
+    for p in (flat, sharded, stray):
+        Path(p).write_bytes(b"x" * 100)
+    try:
+        with a.section() as st:
+            st.published += 300
+            intent = [["pub", flat, 100], ["pub", sharded, 100], ["pub", renamed, 100]]
+            st.procs[dead] = {"pid": 99, "reserved": 100, "intent": intent}
+        b = SharedAccounting(str(tmp_path), "2-0000000b")  # its first section recovers the dead one
+        try:
+            st = b.snapshot()
+            assert st.published == 100  # only the rename that happened stays counted
+            assert dead not in st.procs and st.reserved == 0
+            assert not any(Path(p).exists() for p in (flat, sharded, stray))
+        finally:
+            b.close()
+    finally:
+        a.close()

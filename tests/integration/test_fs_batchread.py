@@ -79,7 +79,7 @@ def _run(
         left = {
             os.path.relpath(os.path.join(d, f), ns)
             for d, _, files in os.walk(ns)
-            if os.path.relpath(d, ns) not in ("procs", "tmp", ".")
+            if os.path.relpath(d, ns).split(os.sep)[0] not in ("procs", "tmp", ".")
             for f in files
         }
         return got, slots, tier.get_stats()["corrupt"], left

@@ -158,3 +158,24 @@ def test_a_tier_stores_through_it_and_an_overridden_seam_turns_it_off(tmp_path: 
         assert h.store(seam, primary, keys).success and _Seam.seen == n
     finally:
         seam.shutdown()
+
+
+def test_one_call_writes_each_block_into_its_own_directory(tmp_path: Path) -> None:
+    dirs = [tmp_path / f"d{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir(mode=0o700)
+    fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in dirs]
+    rows = _rows(6, 4096, 5)
+    try:
+        w = _writer(rows, 11)
+        errs = w.write([WriteItem(fds[i % 3], f"b{i}", i, b"key%d" % i, False) for i in range(6)])
+        assert errs == [0] * 6
+        for i in range(6):
+            write_block(f"p{i}", b"key%d" % i, rows[i].data, 11, direct=False, fsync=False, dir_fd=fds[i % 3])
+        for i, d in enumerate(dirs):
+            assert sorted(p.name for p in d.iterdir()) == sorted([f"b{i}", f"b{i + 3}", f"p{i}", f"p{i + 3}"])
+            for j in (i, i + 3):
+                assert (d / f"b{j}").read_bytes() == (d / f"p{j}").read_bytes()
+    finally:
+        for fd in fds:
+            os.close(fd)

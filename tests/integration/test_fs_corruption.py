@@ -14,6 +14,7 @@ import pytest
 from kvtier import codec
 from kvtier.errors import ConfigError
 from kvtier.keys import LookupResult
+from kvtier.tiers.fs import safe
 
 BLOCK = 16 * 1024
 
@@ -128,7 +129,11 @@ def test_files_and_directories_are_private(tmp_path: Path) -> None:
         t.shutdown()
 
 
-def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Path) -> None:
+def test_shard_directories_are_precreated_private_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget of our own: the process's one depends on its descriptor limit and on other tiers.
+    monkeypatch.setattr(safe, "BUDGET", safe.DescriptorBudget(1000))
     primary = h.aligned_primary(2, BLOCK)
     t = h.make_tier(primary, tmp_path, precreate_dirs=True)
     try:
@@ -145,6 +150,20 @@ def test_shard_directories_are_precreated_private_in_the_background(tmp_path: Pa
         assert h.store(t, primary, [k]).success
     finally:
         t.shutdown()
+    # A small budget (a low descriptor limit, or other tiers holding it): leaves past it are
+    # walked on use instead of cached, and stores and loads still work.
+    monkeypatch.setattr(safe, "BUDGET", safe.DescriptorBudget(40))
+    t = h.make_tier(primary, tmp_path, precreate_dirs=True)
+    try:
+        assert t.tree_ready.wait(60) and t.wait_scan(30)
+        tree = t.shard_dirs.tree
+        cached = sum(tree.cached_leaf(str(leaf / "x")) is not None for leaf in ns.glob("?/?"))
+        assert 0 < cached <= 40 - 1
+        keys = [h.key_of(f"small-budget-{i}") for i in range(2)]
+        assert h.store(t, primary, keys).success and h.load(t, primary, keys).success
+    finally:
+        t.shutdown()
+    assert all(safe.BUDGET.take() for _ in range(40)) and not safe.BUDGET.take()  # all given back
     # The next start finds every directory (one failed mkdir each) and the block.
     t = h.make_tier(primary, tmp_path, precreate_dirs=True)
     try:

@@ -5,8 +5,8 @@ Real directories and files; no fakes.
 
 from __future__ import annotations
 
-import errno
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -51,11 +51,12 @@ def test_names_spread_over_the_shards_and_locate_back(tmp_path: Path) -> None:
 def test_locate_refuses_every_other_shape(tmp_path: Path, tail: str) -> None:
     t = _temps(tmp_path)  # the same directories for every example: nothing is created here
     try:
+        shape = re.compile(re.escape(t.dir) + r"(/[0-9a-f])?/([0-9]{1,10}-[0-9a-f]{8})\.[0-9]{1,20}")
         for candidate in (tail, f"{t.dir}/{tail}", f"{t.dir}/3/{tail}", f"{t.dir}/../{tail}"):
-            head, _, name = candidate.rpartition("/")
-            ours = head in (t.dir, *(f"{t.dir}/{i:x}" for i in range(TEMP_SHARDS))) and temp_owner(name)
-            if ours:
-                assert t.locate(candidate)[1] == name
+            m = shape.fullmatch(candidate)
+            if m is not None and "\n" not in candidate:
+                assert t.locate(candidate)[1] == candidate.rpartition("/")[2]
+                assert t.owned_by(candidate, m.group(2)) and not t.owned_by(candidate, OTHER)
             else:
                 with pytest.raises(ValueError):
                     t.locate(candidate)
@@ -89,13 +90,33 @@ def test_clean_up_takes_only_the_dead_tokens_files_and_never_follows_a_link(tmp_
         t.close()
 
 
-def test_a_shard_replaced_by_a_link_is_refused(tmp_path: Path) -> None:
+def test_a_shard_name_held_by_a_link_or_file_is_left_alone_and_its_temps_go_flat(tmp_path: Path) -> None:
     ns = tmp_path / "ns"
     (ns / "tmp").mkdir(parents=True, mode=0o700)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     os.symlink(elsewhere, ns / "tmp" / "a")
-    with pytest.raises(OSError) as exc:
-        TempDirs(str(ns))
-    assert exc.value.errno in (errno.ELOOP, errno.ENOTDIR)
-    assert not list(elsewhere.iterdir())
+    (ns / "tmp" / "b").write_bytes(b"a file where a shard belongs")
+    t = TempDirs(str(ns))
+    try:
+        assert t.unusable == 2
+        for seq in (10, 11, 26):  # shards a, b (unusable) and a again
+            path = t.path(TOKEN, seq)
+            assert path == f"{t.dir}/{TOKEN}.{seq}"
+            fd, name = t.locate(path)
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=fd))
+        assert t.path(TOKEN, 12) == f"{t.dir}/c/{TOKEN}.12"
+        assert t.remove_owned(TOKEN) == 3
+    finally:
+        t.close()
+    assert not list(elsewhere.iterdir()) and (ns / "tmp" / "a").is_symlink()
+    assert (ns / "tmp" / "b").read_bytes() == b"a file where a shard belongs"
+
+
+def test_after_close_nothing_is_located(tmp_path: Path) -> None:
+    t = _temps(tmp_path)
+    path = t.path(TOKEN, 3)
+    t.close()
+    with pytest.raises(ValueError):
+        t.locate(path)
+    assert not t.exists(path) and not t.unlink(path)

@@ -144,53 +144,72 @@ class SharedAccounting:
         self.procs_dir = os.path.join(ns_dir, PROCS_DIR)
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.procs_dir, 0o700)
-        # Held for our whole life and used as dir_fd: a tmp/ or procs/ later replaced by a symlink
-        # is never followed (O_NOFOLLOW refuses one now).
-        #: The temp files' directories (``tmp/`` and its shards).
-        self.temps = TempDirs(ns_dir)
-        self.tmp_dir = self.temps.dir
-        #: Confined access to the block files (links, FIFOs, other owners' files refused).
-        self.tree = SafeTree(ns_dir, owners=owners)
-        self._procs_fd = open_dir(self.procs_dir)
-        #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
-        self.forged = 0
-        #: Whether a string is a block path of this namespace (checks ``del`` intents read back).
-        self.is_block_path = is_block_path
-        self._tlock = threading.RLock()
-        # Shared event log: every process appends "+key"/"-key" inside its sections and reads the
-        # others' records at the start of each section, so indexes follow each other's stores and
-        # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
-        self._ev_fd = os.open(
-            os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND | _O_SAFE, 0o600
-        )
-        self._ev_off = -1
-        self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
-        self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
-        self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
-        #: Bytes of the whole tree (every process) as of our last section; read without the lock.
-        self.last_usage = 0
-        self.events_lost = 0
-        self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
-        self._epoch = 0
-        self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
-        self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
-        self.on_epoch_change: Callable[[], None] | None = None
-        self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT | _O_SAFE, 0o600)
-        for fd in (self._ev_fd, self._fd):
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{ns_dir}: {ACCOUNTING_FILE}/{EVENTS_FILE} is not a regular file")
-        # Our liveness marker: held LOCK_EX for our whole life; the kernel drops it when we die.
         if not is_token(token):
             raise ValueError(f"token {token!r} is not <pid>-<8 hex>")
-        self._proc_path = os.path.join(self.procs_dir, token)
-        self._proc_fd = os.open(token, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=self._procs_fd)
-        fcntl.flock(self._proc_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self.lost_state = False  # the file was missing/unreadable when we started
-        with self.section() as st:
-            self.recover_dead(st)
-            st.procs[token] = {"pid": os.getpid(), "reserved": 0, "intent": None}
-            st.gen += 1
-            self.start_gen = st.gen
+        # Whatever fails below (a planted link, a non-regular file, a held lock) closes what was
+        # opened so far: a tier that cannot start leaks no descriptor.
+        with contextlib.ExitStack() as undo:
+            # Held for our whole life and used as dir_fd: a tmp/ or procs/ later replaced by a symlink
+            # is never followed (O_NOFOLLOW refuses one now).
+            #: The temp files' directories (``tmp/`` and its shards).
+            self.temps = TempDirs(ns_dir)
+            undo.callback(self.temps.close)
+            if self.temps.unusable:
+                log.warning(
+                    "kvtier fs: %d temp shard name(s) in %s are held by something else (left alone); "
+                    "their temp files go to tmp/ itself",
+                    self.temps.unusable,
+                    self.temps.dir,
+                )
+            self.tmp_dir = self.temps.dir
+            #: Confined access to the block files (links, FIFOs, other owners' files refused).
+            self.tree = SafeTree(ns_dir, owners=owners)
+            undo.callback(self.tree.close)
+            self._procs_fd = open_dir(self.procs_dir)
+            undo.callback(os.close, self._procs_fd)
+            #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
+            self.forged = 0
+            #: Whether a string is a block path of this namespace (checks ``del`` intents read back).
+            self.is_block_path = is_block_path
+            self._tlock = threading.RLock()
+            # Shared event log: every process appends "+key"/"-key" inside its sections and reads the
+            # others' records at the start of each section, so indexes follow each other's stores and
+            # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
+            self._ev_fd = os.open(
+                os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND | _O_SAFE, 0o600
+            )
+            undo.callback(os.close, self._ev_fd)
+            self._ev_off = -1
+            self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
+            self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
+            self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
+            #: Bytes of the whole tree (every process) as of our last section; read without the lock.
+            self.last_usage = 0
+            self.events_lost = 0
+            self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
+            self._epoch = 0
+            self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
+            self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
+            self.on_epoch_change: Callable[[], None] | None = None
+            self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT | _O_SAFE, 0o600)
+            undo.callback(os.close, self._fd)
+            for fd in (self._ev_fd, self._fd):
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{ns_dir}: {ACCOUNTING_FILE}/{EVENTS_FILE} is not a regular file")
+            # Our liveness marker: held LOCK_EX for our whole life; the kernel drops it when we die.
+            self._proc_path = os.path.join(self.procs_dir, token)
+            self._proc_fd = os.open(
+                token, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=self._procs_fd
+            )
+            undo.callback(os.close, self._proc_fd)
+            fcntl.flock(self._proc_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.lost_state = False  # the file was missing/unreadable when we started
+            with self.section() as st:
+                self.recover_dead(st)
+                st.procs[token] = {"pid": os.getpid(), "reserved": 0, "intent": None}
+                st.gen += 1
+                self.start_gen = st.gen
+            undo.pop_all()  # opened and registered: close() releases it all from now on
         self._closed = False
 
     # -- the critical section ------------------------------------------------------------------
@@ -514,8 +533,8 @@ class SharedAccounting:
         return ok
 
     def unlink_temp(self, tmp: str) -> bool:
-        """Remove our temp file ``tmp`` (by name in ``tmp/``, never through a link); whether it
-        was there."""
+        """Remove our temp file ``tmp`` (by name in its shard of ``tmp/``, never through a link);
+        whether it was there."""
         return self.temps.unlink(tmp)
 
     def release(self, nbytes: int) -> None:

@@ -24,6 +24,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,6 +46,9 @@ struct item { /* 32 bytes: struct.pack("<IIIiB7xQ") in batchwrite.py */
     uint8_t direct, pad[7];
     uint64_t src;
 };
+/* The Python side packs items with struct "<IIIiB7xQ": fail the build if the layout ever drifts. */
+_Static_assert(sizeof(struct item) == 32, "struct item must be 32 bytes");
+_Static_assert(offsetof(struct item, dir_fd) == 12 && offsetof(struct item, src) == 24, "struct item layout");
 
 static void put(unsigned char *p, uint64_t v, int n) {
     for (int j = 0; j < n; j++) p[j] = (unsigned char)(v >> (8 * j));

@@ -5,7 +5,7 @@
     root_dir/<namespace>/config.json        layout record, checked on start
     root_dir/<namespace>/accounting.json    shared byte accounting (see accounting.py)
     root_dir/<namespace>/procs/<token>      liveness marker of each process (flocked while alive)
-    root_dir/<namespace>/tmp/<token>.<n>    temp files being written (renamed into the tree)
+    root_dir/<namespace>/tmp/<h>/<token>.<n> temp files being written (h = n mod 16; see temps.py)
     root_dir/<namespace>/<a>/<b>/<name>     block files; a/b = top 8 bits of xxh3-64(key)
 
 ``<name>`` is the key in hex, or ``x`` + xxh3-128 hex of the key for keys longer than 100 bytes (the

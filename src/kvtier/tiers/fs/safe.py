@@ -59,7 +59,8 @@ MAX_CACHED_DIRS = 256 + 256 * 16
 
 
 def _cache_room() -> int:
-    """Shard descriptors one tree may keep open: a quarter of the soft descriptor limit."""
+    """Shard descriptors this process's trees may keep open together: a quarter of the soft
+    descriptor limit (the rest stays the engine's: sockets, files, other tiers)."""
     try:
         import resource
 
@@ -69,6 +70,38 @@ def _cache_room() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CACHED_DIRS
     return max(0, min(MAX_CACHED_DIRS, soft // 4))
+
+
+class DescriptorBudget:
+    """The shard descriptors every :class:`SafeTree` of the process may still cache, together.
+
+    Why one budget for the process: a striped tier opens one tree per root, and a quarter of the
+    descriptor limit per tree would let four roots take all of it. ``room`` is read on first use.
+    """
+
+    def __init__(self, room: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._left = room
+
+    def take(self) -> bool:
+        """Claim one descriptor; ``False`` (nothing claimed) when the budget is spent."""
+        with self._lock:
+            if self._left is None:
+                self._left = _cache_room()
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
+
+    def give(self, n: int) -> None:
+        """Return ``n`` claimed descriptors (closed by their tree)."""
+        with self._lock:
+            if self._left is not None:
+                self._left += n
+
+
+#: The process's budget (tests may swap it).
+BUDGET = DescriptorBudget()
 
 
 def foreign_reason(
@@ -112,7 +145,9 @@ class SafeTree:
         self._plen = len(self._prefix)
         self._retired: list[int] = []  # dropped entries: closed only by close() (a worker may use one)
         self._lock = threading.Lock()
-        self._room = _cache_room()
+        self._room = MAX_CACHED_DIRS  # this tree's own cap; 0 once it stops caching (see _retire)
+        self._budget = BUDGET
+        self._taken = 0  # descriptors claimed from the budget, cached or retired: given back at close
 
     def close(self) -> None:
         """Close every descriptor (the tier's workers have stopped)."""
@@ -120,6 +155,8 @@ class SafeTree:
             fds = [fd for fd, _, _ in self._dirs.values()] + self._retired
             self._dirs.clear()
             self._retired = []
+            taken, self._taken = self._taken, 0
+        self._budget.give(taken)
         for fd in (*fds, self.ns_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -184,9 +221,9 @@ class SafeTree:
         return hit[0], name, hit[1]
 
     def warm(self, path: str) -> None:
-        """Open and cache the shard directories above block path ``path`` now (while the cache
-        has room), so the first store or load of a young tree into that leaf skips the walk.
-        Raises as :meth:`leaf` does."""
+        """Open and cache the shard directories above block path ``path`` now (while the process's
+        descriptor budget lasts), so the first store or load of a young tree into that leaf skips
+        the walk. Raises as :meth:`leaf` does."""
         with self.leaf(path):
             pass
 
@@ -218,16 +255,19 @@ class SafeTree:
             fd = open_dir(name, parent)
         except OSError as exc:
             raise self._dir_error(exc, path) from exc
-        if len(self._dirs) < self._room:
+        if len(self._dirs) < self._room and self._budget.take():
             try:
                 st = os.fstat(fd)
             except OSError:
                 os.close(fd)
+                self._budget.give(1)
                 raise
             with self._lock:
                 if rel not in self._dirs and len(self._dirs) < self._room:
                     self._dirs[rel] = (fd, st.st_dev, st.st_ino)
+                    self._taken += 1
                     return fd
+            self._budget.give(1)
         temp.append(fd)
         return fd
 

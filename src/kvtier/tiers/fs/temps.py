@@ -14,7 +14,9 @@ Contract:
   earlier versions, whose crash intents may still name one). Nothing read from the tree is joined
   into a path: a name is parsed against these shapes and used relative to a descriptor opened once;
 * the shard directories are made (0700) and opened ``O_NOFOLLOW`` when the namespace is opened,
-  and kept for its life: a shard later replaced by a link is never followed;
+  and kept for its life: a shard later replaced by a link is never followed. A shard name held by
+  something else at start (a link, a file) is left alone and that shard's temp files go to
+  ``tmp/`` itself (:attr:`TempDirs.unusable` counts them, for the caller to log);
 * cleaning up after a dead process (:meth:`remove_owned`, :meth:`remove_stale`) lists ``tmp/`` and
   each shard and unlinks only entries of the temp-file shape whose token matches.
 """
@@ -22,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -54,7 +57,8 @@ def temp_owner(name: str) -> str | None:
 class TempDirs:
     """``<ns_dir>/tmp`` and its shards, opened once (see the module doc).
 
-    Raises ``OSError`` when a directory cannot be made or opened (``ELOOP``: a planted link).
+    Raises ``OSError`` when ``tmp/`` cannot be made or opened (``ELOOP``: a planted link), or a
+    shard fails for another reason than a foreign entry in its place.
     """
 
     def __init__(self, ns_dir: str) -> None:
@@ -63,20 +67,39 @@ class TempDirs:
             os.mkdir(self.dir, 0o700)
         self.fd = open_dir(self.dir)
         self._shard_fds: list[int] = []
+        #: Shards whose name was held by something else at start: their temp files go to tmp/.
+        self.unusable = 0
+        # Per shard, the directory part of its temp names (flat tmp/ for an unusable shard).
+        self._prefixes: list[str] = []
+        # Directory path -> descriptor, for the two name shapes locate() accepts.
+        self._fds = {self.dir: self.fd}
         try:
             for i in range(TEMP_SHARDS):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(f"{i:x}", 0o700, dir_fd=self.fd)
-                self._shard_fds.append(open_dir(f"{i:x}", self.fd))
+                fd = self._open_shard(f"{i:x}")
+                if fd is None:
+                    self.unusable += 1
+                    self._prefixes.append(f"{self.dir}/")
+                    continue
+                self._shard_fds.append(fd)
+                self._prefixes.append(f"{self.dir}/{i:x}/")
+                self._fds[f"{self.dir}/{i:x}"] = fd
         except OSError:
             self.close()
             raise
-        # Directory path -> descriptor, for the two name shapes locate() accepts.
-        self._fds = {self.dir: self.fd} | {f"{self.dir}/{i:x}": fd for i, fd in enumerate(self._shard_fds)}
+
+    def _open_shard(self, name: str) -> int | None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        try:
+            return open_dir(name, self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return None  # a link or a file holds the name: never followed, never removed
+            raise
 
     def path(self, token: str, seq: int) -> str:
         """The temp file name for ``token``'s ``seq``-th block (in shard ``seq % 16``)."""
-        return f"{self.dir}/{seq % TEMP_SHARDS:x}/{token}.{seq}"
+        return f"{self._prefixes[seq % TEMP_SHARDS]}{token}.{seq}"
 
     def locate(self, tmp: str) -> tuple[int, str]:
         """``(directory descriptor, file name)`` of temp path ``tmp``; ``ValueError`` when ``tmp``
@@ -139,6 +162,7 @@ class TempDirs:
 
     def close(self) -> None:
         """Close the descriptors. Idempotent."""
+        self._fds = {}  # a late call finds no directory rather than a reused descriptor number
         for fd in (*self._shard_fds, self.fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
