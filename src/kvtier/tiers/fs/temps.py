@@ -4,9 +4,10 @@ A block is written to a temp file named ``<token>.<seq>`` and renamed into its l
 publication (see :mod:`.accounting`), so no reader ever sees half a block. The temp file lives in
 shard ``seq % 16`` of ``tmp/``, not in ``tmp/`` itself. Why: every temp file is created in, and
 renamed out of, its directory, and Linux serialises both on that directory's inode lock. With one
-``tmp/`` that lock was held by every store of every worker: a loop of hash + create + write +
-rename of 256 KiB blocks at 4 threads ran at 0.70-0.82 x a raw one-file-per-block loop with one
-``tmp/``, and at 0.95-1.06 with 16 shards (same run, alternated; docs/fs.md has the figures).
+``tmp/`` that lock was held by every store of every worker: the bare ``safe_raw`` loop of
+``benchmarks/bench_fs_peers.py`` (checksum + create + write + rename of 256 KiB blocks) ran at
+0.75-0.81 x raw at 16 threads with one temp directory and 0.88-1.08 with 16 (no difference at
+4 threads; docs/fs.md has the commands).
 
 Contract:
 * names have one shape, ``<ns>/tmp/<hex digit>/<token>.<seq>``; :meth:`TempDirs.path` makes them
