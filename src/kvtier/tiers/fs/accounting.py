@@ -167,11 +167,9 @@ class SharedAccounting:
             undo.callback(self.tree.close)
             self._procs_fd = open_dir(self.procs_dir)
             undo.callback(os.close, self._procs_fd)
-            #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
-            self.forged = 0
             #: Whether a string is a block path of this namespace (checks ``del`` intents read back).
             self.is_block_path = is_block_path
-            self._tlock = threading.RLock()
+            self._init_state(token)
             # Shared event log: every process appends "+key"/"-key" inside its sections and reads the
             # others' records at the start of each section, so indexes follow each other's stores and
             # evictions (see docs/fs.md). -1: skip to the end on the first read (the scan covers the past).
@@ -179,18 +177,6 @@ class SharedAccounting:
                 os.path.join(ns_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_APPEND | _O_SAFE, 0o600
             )
             undo.callback(os.close, self._ev_fd)
-            self._ev_off = -1
-            self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
-            self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
-            self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
-            #: Bytes of the whole tree (every process) as of our last section; read without the lock.
-            self.last_usage = 0
-            self.events_lost = 0
-            self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
-            self._epoch = 0
-            self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
-            self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
-            self.on_epoch_change: Callable[[], None] | None = None
             self._fd = os.open(os.path.join(ns_dir, ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT | _O_SAFE, 0o600)
             undo.callback(os.close, self._fd)
             for fd in (self._ev_fd, self._fd):
@@ -211,6 +197,24 @@ class SharedAccounting:
                 self.start_gen = st.gen
             undo.pop_all()  # opened and registered: close() releases it all from now on
         self._closed = False
+
+    def _init_state(self, token: str) -> None:
+        """The in-memory state a new holder starts from (no file is touched)."""
+        #: Counted forged entries (accounting names or intents that are not of our fixed shapes).
+        self.forged = 0
+        self._tlock = threading.RLock()
+        self._ev_off = -1  # -1: skip to the end of the event log on the first read
+        self._ev_clean = False  # whether _ev_off is known to be the log's size (see _tail)
+        self._size = 0  # bytes of the accounting file as last read or written (we hold the lock)
+        self._last: tuple[bytes, AccountingState] | None = None  # what we last wrote, decoded
+        #: Bytes of the whole tree (every process) as of our last section; read without the lock.
+        self.last_usage = 0
+        self.events_lost = 0
+        self.sections = 0  #: critical sections entered (the per-job cost the group commits cut)
+        self._epoch = 0
+        self._writer_id = xxhash.xxh3_64_intdigest(token.encode())
+        self.on_events: Callable[[list[tuple[bytes, bytes]]], None] | None = None
+        self.on_epoch_change: Callable[[], None] | None = None
 
     # -- the critical section ------------------------------------------------------------------
     @contextlib.contextmanager
