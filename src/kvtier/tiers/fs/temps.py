@@ -67,12 +67,12 @@ class TempDirs:
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.dir, 0o700)
         self.fd = open_dir(self.dir)
-        self._shard_fds: list[int] = []
         #: Shards whose name was held by something else at start: their temp files go to tmp/.
         self.unusable = 0
         # Per shard, the directory part of its temp names (flat tmp/ for an unusable shard).
         self._prefixes: list[str] = []
-        # Directory path -> descriptor, for the two name shapes locate() accepts.
+        # Directory path -> descriptor, for the two name shapes locate() accepts (tmp/ first): the
+        # one record of what is open.
         self._fds = {self.dir: self.fd}
         try:
             for i in range(TEMP_SHARDS):
@@ -81,7 +81,6 @@ class TempDirs:
                     self.unusable += 1
                     self._prefixes.append(f"{self.dir}/")
                     continue
-                self._shard_fds.append(fd)
                 self._prefixes.append(f"{self.dir}/{i:x}/")
                 self._fds[f"{self.dir}/{i:x}"] = fd
         except OSError:
@@ -155,7 +154,7 @@ class TempDirs:
         return removed
 
     def _entries(self) -> Iterator[tuple[int, str]]:
-        for fd in (self.fd, *self._shard_fds):  # the flat tmp/ holds earlier versions' temp files
+        for fd in list(self._fds.values()):  # the flat tmp/ holds earlier versions' temp files
             names: list[str] = []
             with contextlib.suppress(OSError), os.scandir(fd) as it:
                 names = [e.name for e in it]
@@ -163,8 +162,8 @@ class TempDirs:
 
     def close(self) -> None:
         """Close the descriptors. Idempotent."""
-        self._fds = {}  # a late call finds no directory rather than a reused descriptor number
-        for fd in (*self._shard_fds, self.fd):
+        fds, self._fds = list(self._fds.values()), {}  # a late call finds no directory, not a reused fd
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._shard_fds, self.fd = [], -1
+        self.fd = -1
