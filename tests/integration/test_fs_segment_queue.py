@@ -18,7 +18,7 @@ from kvtier.jobs import TransferJob
 from kvtier.keys import BlockKey
 from kvtier.testing.primary import wait_for_jobs
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
-from kvtier.tiers.fs.segment_queue import StoreQueue
+from kvtier.tiers.fs.job_queue import JobQueue
 from kvtier.transfer.workers import Priority
 
 BLOCK = 4096
@@ -132,7 +132,10 @@ def test_every_put_job_is_settled_once_in_bounded_batches(
             state.error = outcome.error
             settled.append(state)
 
-    queue = StoreQueue(write, settle, lock=settle_lock, flushers=flushers, max_blocks=max_blocks)
+    queue: JobQueue[JobState] = JobQueue(
+        write, settle, blocks=lambda s: len(s.items), lock=settle_lock, flushers=flushers,
+        max_blocks=max_blocks,
+    )  # fmt: skip
     states = []
     for i, n in enumerate(sizes):
         keys = [BlockKey(f"{i}/{j}".encode()) for j in range(n)]

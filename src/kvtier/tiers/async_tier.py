@@ -422,14 +422,20 @@ class AsyncTier(SecondaryTier):
             state.chunks_left = 1
             self._run_chunk(state, items)
             return
+        pool = self._workers()
+        for chunk in self._split(state):
+            pool.submit(priority, functools.partial(self._run_chunk, state, chunk))
+
+    def _split(self, state: JobState) -> list[list[Item]]:
+        """``state``'s items in the chunks its job runs as (spread over the threads, each at most
+        the batch size); sets ``chunks_left`` (before any chunk can finish)."""
+        items = state.items
         spread = self.threads if self.spreads_jobs else 1
         cap = self.load_batch_blocks if state.load else self.batch_blocks
         per = chunk_size(len(items), batch_blocks=cap, threads=spread)
         chunks = [items[i : i + per] for i in range(0, len(items), per)]
-        state.chunks_left = len(chunks)  # before any chunk can finish
-        pool = self._workers()
-        for chunk in chunks:
-            pool.submit(priority, functools.partial(self._run_chunk, state, chunk))
+        state.chunks_left = len(chunks)
+        return chunks
 
     def _run_chunk(self, state: JobState, items: list[Item]) -> None:
         try:

@@ -43,6 +43,14 @@ class _Redo(enum.Enum):
 _REDO = _Redo.REDO
 
 
+def _any_of(fns: list[Callable[[], bool] | None]) -> Callable[[], bool] | None:
+    """One flag that is set when any of ``fns`` is (``None`` when there is none to ask)."""
+    live = [fn for fn in fns if fn is not None]
+    if not live:
+        return None
+    return lambda: any(fn() for fn in live)
+
+
 class LoadPath:
     """Reads of the fs tier (worker threads). ``index.lock`` guards the index and ``stats``.
 
@@ -91,20 +99,35 @@ class LoadPath:
         engine may already reuse the slots): it is asked after each file is opened, before anything
         is read into the slot, so a stall in ``open``/``fstat`` never lands bytes in a reused slot.
         """
+        return self.read_chunks([items], [abandoned])[0]
+
+    def read_chunks(
+        self, groups: list[list[tuple[BlockKey, int]]], abandoned: list[Callable[[], bool] | None]
+    ) -> list[ChunkOutcome]:
+        """:meth:`read_chunk` for several chunks (of one job or of several) in one batched read:
+        one outcome per group, ``abandoned[i]`` asked for the blocks of ``groups[i]``."""
+        items = [item for group in groups for item in group]
+        flags = [fn for group, fn in zip(groups, abandoned, strict=True) for _ in group]
+        results: list[str | _Redo | None] = [_REDO] * len(items)
         ok: list[BlockKey] = []
-        error: str | None = None
         try:
-            done = self._read_batch(items, abandoned)
-            for (key, slot), result in zip(items, done, strict=True):
-                err = self._load_one(key, slot, abandoned) if isinstance(result, _Redo) else result
-                if err is None:
+            results = self._read_batch(items, _any_of(abandoned))
+            for i, ((key, slot), result) in enumerate(zip(items, results, strict=True)):
+                if isinstance(result, _Redo):
+                    results[i] = result = self._load_one(key, slot, flags[i])
+                if result is None:
                     ok.append(key)
-                else:
-                    error = error or err
         finally:
             with self._lock:
                 self.parts.index.touch_locked(ok, time.time())
-        return ChunkOutcome(ok, len(ok) * self.block_bytes, error)
+        out, at = [], 0
+        for group in groups:
+            mine = results[at : at + len(group)]
+            done = [key for (key, _), r in zip(group, mine, strict=True) if r is None]
+            error = next((r for r in mine if isinstance(r, str)), None)
+            out.append(ChunkOutcome(done, len(done) * self.block_bytes, error))
+            at += len(group)
+        return out
 
     def _read_batch(
         self, items: list[tuple[BlockKey, int]], abandoned: Callable[[], bool] | None

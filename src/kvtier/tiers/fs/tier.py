@@ -33,12 +33,13 @@ it uses in its constructor: :class:`~kvtier.tiers.fs.index.FsIndex` (the in-memo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from kvtier.errors import ConfigError
@@ -51,6 +52,7 @@ from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
 from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
 from kvtier.tiers.fs.index import FsIndex
+from kvtier.tiers.fs.job_queue import JobQueue, each_chunk
 from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
 from kvtier.tiers.fs.load_path import LoadPath
 from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options, segment_cap, small_block_limit
@@ -58,7 +60,7 @@ from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy
 from kvtier.tiers.fs.scan import TreeScanner
 from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
-from kvtier.tiers.fs.segment_queue import FLUSHERS, StoreQueue, each_job
+from kvtier.tiers.fs.segment_queue import FLUSHERS, MAX_BATCH_BLOCKS, MAX_BATCH_BYTES
 from kvtier.tiers.fs.segments import SegmentStore, record_size
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
@@ -95,6 +97,20 @@ def refuse_striped_options(**given: object) -> None:
 
 #: Most blocks per load chunk when loads go through the batched reader (:mod:`.batchread`).
 _BATCHED_LOAD_BLOCKS = 64
+#: A load chunk of a job given up past its deadline: nothing read.
+_ABANDONED = "abandoned: past the deadline"
+
+#: One queued load chunk: its job and its ``(key, slot)`` pairs.
+LoadChunk = tuple[JobState, list[tuple[BlockKey, int]]]
+
+
+def _job_blocks(state: JobState) -> int:
+    return len(state.items)
+
+
+def _chunk_blocks(chunk: LoadChunk) -> int:
+    return len(chunk[1])
+
 
 log = logging.getLogger("kvtier.tiers.fs")
 
@@ -234,8 +250,8 @@ class FsTier(AsyncTier):
             self.name, self.layout, self.accounting, self.index, self.stats, self.rlog, o, self.rows,
             self.store_gate, self.shard_dirs,
         )  # fmt: skip
-        self._build_paths(parts)
         self._open_small_path(parts, seg_cap)
+        self._build_paths(parts)
         self.accounting.on_events = self._scanner.apply_events
         self.accounting.on_epoch_change = self._scanner.on_epoch_change
         self._scanner.start()
@@ -245,10 +261,13 @@ class FsTier(AsyncTier):
         when blocks are large enough for one file each)."""
         #: The small-block path (``None``: one file per block).
         self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
-        self._small_jobs = None if self.segments is None else StoreQueue(
-            self._store_small, self._settled_locked, lock=self._lock, flushers=FLUSHERS,
-            block_bytes=self.block_bytes, log=self.rlog,
-        )  # fmt: skip
+        self._small_jobs: JobQueue[JobState] | None = None
+        if self.segments is not None:
+            self._small_jobs = JobQueue(
+                self._store_small, self._settled_locked, blocks=_job_blocks, lock=self._lock,
+                flushers=FLUSHERS, max_blocks=min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // self.block_bytes),
+                log=self.rlog,
+            )  # fmt: skip
 
     def _open_namespace(self) -> SharedAccounting:
         """Create the namespace directory and open its shared accounting (``ConfigError`` naming
@@ -290,10 +309,19 @@ class FsTier(AsyncTier):
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
             record_access=self.record_access, direct_io=self.read_direct,
         )  # fmt: skip
-        if self._load.batched:
+        #: Chunks of load jobs waiting for the batched reader (``None``: one task per chunk).
+        self._load_jobs: JobQueue[LoadChunk] | None = None
+        if self._load.batched and self.segments is None:
             # One GIL hand-off per chunk: a load is spread over the threads in as few chunks as
             # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
             self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
+            # ... and one per batch of queued chunks: a burst of one-block load jobs (one per
+            # request) is read in shares of the threads, one foreign call and one trip through
+            # the lock per share instead of per job (job_queue.py).
+            self._load_jobs = JobQueue(
+                self._load_batch, self._load_settled_locked, blocks=_chunk_blocks, lock=self._lock,
+                flushers=self.threads, max_blocks=self.load_batch_blocks, share=True, log=self.rlog,
+            )  # fmt: skip
         self._scanner = TreeScanner(
             parts, new_policy=self._new_policy, make_room=self._store.make_room,
             precreate_dirs=self.precreate_dirs,
@@ -405,17 +433,28 @@ class FsTier(AsyncTier):
         return self._store.write_chunk(state, items)
 
     def _launch(self, state: JobState, priority: Priority) -> None:
-        queue = self._small_jobs  # small store jobs on the small-block path: segment_queue.py
-        if queue is None or state.load or not state.items or len(state.items) > self.batch_blocks:
+        if not state.items or self.runs_inline:
             super()._launch(state, priority)
-        elif queue.put(state):
-            self._workers().submit(priority, queue.flush)
+        elif state.load:
+            loads = self._load_jobs  # chunks for the batched reader, run in shares: job_queue.py
+            if loads is None:
+                super()._launch(state, priority)
+                return
+            for chunk in self._split(state):
+                if loads.put((state, chunk)):
+                    self._workers().submit(priority, loads.flush)
+        else:
+            small = self._small_jobs  # small store jobs on the small-block path: segment_queue.py
+            if small is None or len(state.items) > self.batch_blocks:
+                super()._launch(state, priority)
+            elif small.put(state):
+                self._workers().submit(priority, small.flush)
 
     def _store_small(self, states: list[JobState]) -> list[ChunkOutcome]:
         """A batch of small store jobs (a ``_store_chunk`` replaced by a test sees each job)."""
         seg = self.segments
         if seg is None or "_store_chunk" in vars(self) or type(self)._store_chunk is not FsTier._store_chunk:
-            return each_job(self._store_chunk, states, self.rlog)
+            return each_chunk(self._store_chunk, [(s, s.items) for s in states], self.rlog)
         return seg.write_jobs(states)
 
     def _settled_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
@@ -430,18 +469,46 @@ class FsTier(AsyncTier):
     def _load_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
         job_id = state.job.job_id
         if job_id in self._abandoned:
-            return ChunkOutcome(error="abandoned: past the deadline")
+            return ChunkOutcome(error=_ABANDONED)
         if self.segments is not None:
             return self.segments.read_chunk(items)
         return self._load.read_chunk(items, lambda: job_id in self._abandoned)
 
-    def _complete(self, state: JobState) -> None:
+    def _load_batch(self, chunks: list[LoadChunk]) -> list[ChunkOutcome]:
+        """Queued load chunks (of one job or several) in one batched read, one outcome each (a
+        ``_load_chunk`` replaced by a test sees each chunk)."""
+        if "_load_chunk" in vars(self) or type(self)._load_chunk is not FsTier._load_chunk:
+            return each_chunk(self._load_chunk, chunks, self.rlog)
+        out: list[ChunkOutcome] = [ChunkOutcome(error=_ABANDONED)] * len(chunks)
+        live = [i for i, (state, _) in enumerate(chunks) if state.job.job_id not in self._abandoned]
+        flags: list[Callable[[], bool] | None] = [
+            functools.partial(self._abandoned.__contains__, chunks[i][0].job.job_id) for i in live
+        ]
+        read = self._load.read_chunks([chunks[i][1] for i in live], flags)
+        for i, outcome in zip(live, read, strict=True):
+            out[i] = outcome
+        return out
+
+    def _load_settled_locked(self, chunk: LoadChunk, outcome: ChunkOutcome) -> None:
+        """A queued load chunk is done (lock held): what ``_run_chunk`` and ``_complete`` do."""
+        state = chunk[0]
+        self._record_locked(state, outcome)
+        state.chunks_left -= 1
+        if state.chunks_left == 0:
+            self._loaded_locked(state)
+
+    def _loaded_locked(self, state: JobState) -> None:
         self._abandoned.discard(state.job.job_id)
+        self.index.end_loads_locked(state.job.keys)
+        self._report_locked(state)
+
+    def _complete(self, state: JobState) -> None:
         if state.load:
             with self._lock:
-                self.index.end_loads_locked(state.job.keys)
-                self._report_locked(state)
-        elif self.segments is not None:
+                self._loaded_locked(state)
+            return
+        self._abandoned.discard(state.job.job_id)
+        if self.segments is not None:
             self.segments.finish(state, self._report)  # each chunk indexed its own blocks
         else:
             self._store.finish(state)  # publishes (with other ready jobs), then reports
@@ -561,6 +628,8 @@ class FsTier(AsyncTier):
             d.update(self.segments.stats())
         if self._small_jobs is not None:
             d["seg_store_batches"] = self._small_jobs.batches
+        if self._load_jobs is not None:
+            d["load_batches"] = self._load_jobs.batches
         return d
 
     def config_info(self) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""Queued work of the fs tier run in batches by a few *flusher* tasks (one worker task per batch).
+
+A one-block job costs more in hand-offs than in I/O when the I/O is fast: a worker task of its own,
+a foreign call that releases and retakes the GIL, and several trips through the tier's lock, each
+per job. Work that can run as one batch is therefore queued here instead of each piece getting a
+task: a submission starts a flusher task only while fewer than ``flushers`` run; a flusher takes a
+batch of queued entries, runs it with one ``run`` call, settles every entry in one trip through the
+tier's lock, and loops until the queue is empty. A lone entry still starts a flusher at once (no
+waiting for company); entries that arrive while the flushers work are the ones that share a batch.
+
+Two users (docs/fs.md):
+
+* small store jobs on the small-block path (``segment_queue.py``): one flusher, which takes every
+  queued job up to the batch bounds (the writes of one segment serialise in the kernel anyway);
+* chunks of load jobs read through the batched reader (``batchread.py``): as many flushers as the
+  tier has threads, each taking its *share* (the queued blocks divided by the flushers, rounded
+  up), so the reads stay spread over the threads exactly as one task per chunk spread them, while
+  each thread pays one hand-off per batch instead of one per chunk.
+
+Every queued entry is settled exactly once, whatever a batch raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from kvtier.keys import BlockKey
+from kvtier.tiers.async_tier import ChunkOutcome, JobState
+from kvtier.tiers.ratelog import RateLimitedLog
+
+__all__ = ["JobQueue", "each_chunk"]
+
+E = TypeVar("E")
+
+
+class JobQueue(Generic[E]):
+    """Queued entries and the count of flushers running them (see the module doc).
+
+    Args:
+        run: runs a batch of entries, one outcome each, in order.
+        settle: records one entry's outcome (``lock`` held; once per entry).
+        blocks: the blocks of one entry (what the batch bounds count).
+        lock: the tier's lock, taken once per batch around the ``settle`` calls.
+        flushers: most flusher tasks running at once.
+        max_blocks: most blocks per batch (an entry larger than that is a batch of its own).
+        share: a batch takes at most the queued blocks divided by ``flushers`` (rounded up), so
+            concurrent flushers split a burst instead of the first one taking it all.
+        log: where an exception ``settle`` raised is logged (a bug; the flusher goes on).
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[E]], list[ChunkOutcome]],
+        settle: Callable[[E, ChunkOutcome], None],
+        *,
+        blocks: Callable[[E], int],
+        lock: threading.Lock,
+        flushers: int,
+        max_blocks: int,
+        share: bool = False,
+        log: RateLimitedLog | None = None,
+    ) -> None:
+        self._run = run
+        self._settle = settle
+        self._blocks = blocks
+        self._settle_lock = lock
+        self._log = log
+        self.flushers = max(1, flushers)
+        self.max_blocks = max(1, max_blocks)
+        self.share = share
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[E, int]] = collections.deque()
+        self._queued_blocks = 0
+        self._running = 0
+        self.batches = 0  #: batches run (stats)
+
+    def put(self, entry: E) -> bool:
+        """Queue ``entry``; ``True`` when the caller must start a flusher task (:meth:`flush`)."""
+        n = self._blocks(entry)
+        with self._lock:
+            self._queue.append((entry, n))
+            self._queued_blocks += n
+            if self._running < self.flushers:
+                self._running += 1
+                return True
+            return False
+
+    def flush(self) -> None:
+        """Run queued entries in batches until none is left (a worker task; never raises)."""
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                outcomes = self._run(batch)
+            except Exception as exc:  # a bug or an unmapped error: the batch fails, the flusher lives
+                outcomes = [ChunkOutcome(error=f"{type(exc).__name__}: {exc}") for _ in batch]
+            self.batches += 1
+            try:
+                with self._settle_lock:
+                    for entry, outcome in zip(batch, outcomes, strict=True):
+                        self._settle(entry, outcome)
+            except Exception:  # never leave the queue without a flusher
+                if self._log is not None:
+                    self._log.warning("settle", "kvtier fs: error settling queued work", exc_info=True)
+
+    def _take(self) -> list[E] | None:
+        """The next batch (``None``, and this flusher counted out, when the queue is empty)."""
+        with self._lock:
+            if not self._queue:
+                self._running -= 1  # under the lock put() checks: no entry is left behind
+                return None
+            cap = self.max_blocks
+            if self.share:
+                cap = max(1, min(cap, -(-self._queued_blocks // self.flushers)))
+            entry, n = self._queue.popleft()
+            batch, blocks = [entry], n
+            while self._queue and blocks + self._queue[0][1] <= cap:
+                entry, n = self._queue.popleft()
+                batch.append(entry)
+                blocks += n
+            self._queued_blocks -= blocks
+            return batch
+
+
+def each_chunk(
+    chunk: Callable[[JobState, list[tuple[BlockKey, int]]], ChunkOutcome],
+    entries: list[tuple[JobState, list[tuple[BlockKey, int]]]],
+    log: RateLimitedLog,
+) -> list[ChunkOutcome]:
+    """A batch run one ``chunk(state, items)`` call per entry (the chunk seams fault-injection
+    tests replace); a call that raises fails its entry only, as ``AsyncTier._run_chunk`` does."""
+    out = []
+    for state, items in entries:
+        try:
+            out.append(chunk(state, items))
+        except Exception as exc:
+            what = "load" if state.load else "store"
+            log.warning(f"chunk-{what}", f"kvtier fs: unexpected error in a {what} chunk", exc_info=True)
+            out.append(ChunkOutcome(error=f"{type(exc).__name__}: {exc}"))
+    return out
