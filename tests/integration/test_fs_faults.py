@@ -170,9 +170,9 @@ def test_failed_publish_gives_back_its_reservation(tmp_path: Path) -> None:
 def test_without_o_direct_auto_falls_back_and_always_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvtier.tiers.fs.tier as fs_mod
+    import kvtier.tiers.fs.namespace as ns_mod
 
-    monkeypatch.setattr(fs_mod, "probe_direct_io", lambda _dir: False)  # a file system without it
+    monkeypatch.setattr(ns_mod, "probe_direct_io", lambda _dir: False)  # a file system without it
     primary = h.aligned_primary(2, BLOCK)
     tier = h.make_tier(primary, tmp_path, direct_io="auto")
     try:

@@ -161,9 +161,10 @@ def test_share_batches_match_the_model(sizes: list[int], flushers: int, max_bloc
         batches.append([n for _, n in entries])
         return [ChunkOutcome() for _ in entries]
 
-    def settle(entry: tuple[int, int], outcome: ChunkOutcome) -> None:
+    def settle(entry: tuple[int, int], outcome: ChunkOutcome) -> bool:
         assert lock.locked()
         settled.append(entry[0])
+        return False
 
     queue: JobQueue[tuple[int, int]] = JobQueue(
         run, settle, blocks=lambda e: e[1], lock=lock, flushers=flushers, max_blocks=max_blocks, share=True

@@ -125,12 +125,13 @@ def test_every_put_job_is_settled_once_in_bounded_batches(
 
     settle_lock = threading.Lock()
 
-    def settle(state: JobState, outcome: ChunkOutcome) -> None:
+    def settle(state: JobState, outcome: ChunkOutcome) -> bool:
         assert settle_lock.locked()  # the queue holds the lock it was given around every settle
         with lock:
             state.ok.update(outcome.done)
             state.error = outcome.error
             settled.append(state)
+        return False
 
     queue: JobQueue[JobState] = JobQueue(
         write, settle, blocks=lambda s: len(s.items), lock=settle_lock, flushers=flushers,

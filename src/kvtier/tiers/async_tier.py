@@ -447,11 +447,15 @@ class AsyncTier(SecondaryTier):
             )
             outcome = ChunkOutcome(error=f"{type(exc).__name__}: {exc}")
         with self._lock:
-            self._record_locked(state, outcome)
-            state.chunks_left -= 1
-            last = state.chunks_left == 0
+            last = self._chunk_done_locked(state, outcome)
         if last:
             self._finish(state)
+
+    def _chunk_done_locked(self, state: JobState, outcome: ChunkOutcome) -> bool:
+        """Record one chunk's outcome (lock held); ``True`` when it was the job's last."""
+        self._record_locked(state, outcome)
+        state.chunks_left -= 1
+        return state.chunks_left == 0
 
     def _finish(self, state: JobState) -> None:
         try:

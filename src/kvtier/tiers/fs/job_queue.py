@@ -31,40 +31,60 @@ from kvtier.keys import BlockKey
 from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.ratelog import RateLimitedLog
 
-__all__ = ["JobQueue", "each_chunk"]
+__all__ = ["JobChunk", "JobQueue", "chunk_blocks", "each_chunk", "job_blocks"]
 
 E = TypeVar("E")
+#: One queued chunk of a job: the job and the chunk's ``(key, slot)`` pairs.
+JobChunk = tuple[JobState, list[tuple[BlockKey, int]]]
+
+
+def job_blocks(state: JobState) -> int:
+    """The blocks of a queued job (the small-block store queue's entries)."""
+    return len(state.items)
+
+
+def chunk_blocks(chunk: JobChunk) -> int:
+    """The blocks of a queued chunk."""
+    return len(chunk[1])
 
 
 class JobQueue(Generic[E]):
     """Queued entries and the count of flushers running them (see the module doc).
 
     Args:
-        run: runs a batch of entries, one outcome each, in order.
-        settle: records one entry's outcome (``lock`` held; once per entry).
+        run: runs a batch of entries, one outcome each, in order; it may stop early, after at
+            least one entry: the entries it returns no outcome for go back to the front of the
+            queue, in order (for an entry that must wait until the ones before it are settled).
+        settle: records one entry's outcome (``lock`` held; once per entry); ``True`` when the
+            entry needs ``after``.
         blocks: the blocks of one entry (what the batch bounds count).
         lock: the tier's lock, taken once per batch around the ``settle`` calls.
         flushers: most flusher tasks running at once.
         max_blocks: most blocks per batch (an entry larger than that is a batch of its own).
         share: a batch takes at most the queued blocks divided by ``flushers`` (rounded up), so
             concurrent flushers split a burst instead of the first one taking it all.
-        log: where an exception ``settle`` raised is logged (a bug; the flusher goes on).
+        after: called once per batch, without the lock, with the entries whose ``settle`` said
+            so (a step that takes other locks: a publication).
+        log: where an exception ``settle`` or ``after`` raised is logged (a bug; the flusher
+            goes on).
     """
 
     def __init__(
         self,
         run: Callable[[list[E]], list[ChunkOutcome]],
-        settle: Callable[[E, ChunkOutcome], None],
+        settle: Callable[[E, ChunkOutcome], bool],
         *,
         blocks: Callable[[E], int],
         lock: threading.Lock,
         flushers: int,
         max_blocks: int,
         share: bool = False,
+        after: Callable[[list[E]], None] | None = None,
         log: RateLimitedLog | None = None,
     ) -> None:
         self._run = run
         self._settle = settle
+        self._after = after
         self._blocks = blocks
         self._settle_lock = lock
         self._log = log
@@ -96,16 +116,32 @@ class JobQueue(Generic[E]):
                 return
             try:
                 outcomes = self._run(batch)
+                if not outcomes or len(outcomes) > len(batch):
+                    raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
             except Exception as exc:  # a bug or an unmapped error: the batch fails, the flusher lives
                 outcomes = [ChunkOutcome(error=f"{type(exc).__name__}: {exc}") for _ in batch]
             self.batches += 1
+            if len(outcomes) < len(batch):
+                self._put_back(batch[len(outcomes) :])
+                batch = batch[: len(outcomes)]
+            then: list[E] = []
             try:
                 with self._settle_lock:
                     for entry, outcome in zip(batch, outcomes, strict=True):
-                        self._settle(entry, outcome)
+                        if self._settle(entry, outcome):
+                            then.append(entry)
+                if then and self._after is not None:
+                    self._after(then)
             except Exception:  # never leave the queue without a flusher
                 if self._log is not None:
                     self._log.warning("settle", "kvtier fs: error settling queued work", exc_info=True)
+
+    def _put_back(self, entries: list[E]) -> None:
+        """Entries a batch left (see ``run``), back at the front of the queue in order."""
+        sized = [(entry, self._blocks(entry)) for entry in entries]
+        with self._lock:
+            self._queue.extendleft(reversed(sized))
+            self._queued_blocks += sum(n for _, n in sized)
 
     def _take(self) -> list[E] | None:
         """The next batch (``None``, and this flusher counted out, when the queue is empty)."""
@@ -128,7 +164,7 @@ class JobQueue(Generic[E]):
 
 def each_chunk(
     chunk: Callable[[JobState, list[tuple[BlockKey, int]]], ChunkOutcome],
-    entries: list[tuple[JobState, list[tuple[BlockKey, int]]]],
+    entries: list[JobChunk],
     log: RateLimitedLog,
 ) -> list[ChunkOutcome]:
     """A batch run one ``chunk(state, items)`` call per entry (the chunk seams fault-injection

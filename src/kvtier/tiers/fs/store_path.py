@@ -17,6 +17,7 @@ journaled before they happen.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import itertools
@@ -32,6 +33,7 @@ from kvtier.tiers.async_tier import ChunkOutcome, JobState
 from kvtier.tiers.fs.accounting import AccountingState
 from kvtier.tiers.fs.batchwrite import BatchWriter, WriteItem, open_writer
 from kvtier.tiers.fs.io import SlotAlignment, fsync_dir, write_block
+from kvtier.tiers.fs.job_queue import JobChunk
 from kvtier.tiers.fs.layout import HEADER_ALIGN
 from kvtier.tiers.fs.parts import FsParts
 
@@ -104,6 +106,11 @@ class StorePath:
         self._pub_lock = threading.Lock()  # one publishing thread at a time
         self._writing = 0  # store chunks running now (tier lock): a lingering job waits for one
 
+    @property
+    def batched(self) -> bool:
+        """Whether stores go through the batched writer (one GIL-free call per batch)."""
+        return self._batch is not None
+
     # -- submission (engine thread, tier lock held) ----------------------------------------------
     def admit_locked(self, state: JobState) -> None:
         """Keep only the blocks to write; queue the job for a (group) reservation."""
@@ -123,47 +130,79 @@ class StorePath:
         if items:
             self._grant_q.append(state)  # reserved with the jobs ahead of it when possible
 
-    # -- one chunk (worker thread) -----------------------------------------------------------------
+    # -- chunks (worker thread) ------------------------------------------------------------------
     def write_chunk(self, state: JobState, items: list[tuple[BlockKey, int]]) -> ChunkOutcome:
         """Reserve (first chunk of the job), then write each granted block to a temp file."""
-        progress: StoreProgress = state.extra
-        written: list[Written] = []
-        error: str | None = None
+        return self.write_chunks([(state, items)])[0]
+
+    def write_chunks(self, chunks: list[JobChunk]) -> list[ChunkOutcome]:
+        """:meth:`write_chunk` for several chunks (of one job or of several) with one batched
+        write: one outcome each (keys count as stored once published, by :meth:`finish`).
+
+        It stops before the first chunk (after the first) whose job has no reservation yet: the
+        first chunk's section reserves for every queued job that fits without evicting, so such
+        a job needs victims, which may be blocks the chunks before it are about to publish (a
+        full tier evicts exactly as with one job at a time). Fewer outcomes than chunks then."""
+        chunks = list(chunks)  # cut below; the caller's list is the queue's batch
+        written: list[list[Written]] = [[] for _ in chunks]
+        errors: list[str | None] = [None] * len(chunks)
         with self._lock:
             self._writing += 1
         try:
-            granted = self._job_grant(state)
-            acct, layout = self.parts.accounting, self.parts.layout
             todo: list[tuple[BlockKey, int, str, int]] = []
-            for key, slot in items:
-                if key in granted:
-                    tmp = acct.temps.path(acct.token, next(self._seq))
-                    todo.append((key, slot, tmp, layout.file_size(len(key))))
-            for (key, _, tmp, size), err in zip(todo, self._write_many(todo), strict=True):
+            owner: list[int] = []  # the chunk of each todo entry
+            for n, (state, items) in enumerate(chunks):
+                if n and state.extra.granted is None:
+                    del chunks[n:], written[n:], errors[n:]
+                    break
                 try:
-                    if err is not None:
-                        error = self._store_failed(err, tmp, size)
-                        continue
-                    final = layout.path_of(key)
-                    written.append((key, tmp, final, size))
-                finally:
-                    progress.settled.add(key)
-                try:
-                    self.parts.dirs.ensure_for(final)
-                except OSError as exc:  # publish retries it and fails the block cleanly
-                    error = self._section_failed(exc)
-        except OSError as exc:  # accounting file trouble: fail the chunk, never raise
-            error = self._section_failed(exc)
+                    granted = self._job_grant(state)
+                except OSError as exc:  # accounting file trouble: fail the chunk, never raise
+                    errors[n] = self._section_failed(exc)
+                    continue
+                for key, slot in items:
+                    if key in granted:
+                        todo.append(self._todo(key, slot))
+                        owner.append(n)
+            for n, (key, _, tmp, size), err in zip(owner, todo, self._write_many(todo), strict=True):
+                errors[n] = self._place(chunks[n][0], key, tmp, size, err, written[n]) or errors[n]
         finally:
             with self._lock:
-                progress.written.extend(written)
+                for (state, _), mine in zip(chunks, written, strict=True):
+                    state.extra.written.extend(mine)
                 self._writing -= 1
                 # Jobs left lingering (see finish) wait for a running chunk; when the last one
-                # ends, its thread publishes them, unless its own job's finish is next anyway.
-                orphans = not self._writing and bool(self._pub_q) and state.chunks_left > 1
+                # ends, its thread publishes them, unless one of its own jobs' finish is next.
+                here = collections.Counter(s for s, _ in chunks)
+                last = any(s.chunks_left == k for s, k in here.items())  # its finish comes next
+                orphans = not self._writing and bool(self._pub_q) and not last
             if orphans:
                 self._lead()
-        return ChunkOutcome(error=error)  # keys count as stored once published
+        return [ChunkOutcome(error=e) for e in errors]
+
+    def _todo(self, key: BlockKey, slot: int) -> tuple[BlockKey, int, str, int]:
+        """``(key, slot, temp path, file size)`` of one block to write."""
+        acct = self.parts.accounting
+        return key, slot, acct.temps.path(acct.token, next(self._seq)), self.parts.layout.file_size(len(key))
+
+    def _place(
+        self, state: JobState, key: BlockKey, tmp: str, size: int, err: OSError | None, out: list[Written]
+    ) -> str | None:
+        """One block's write is over: settle its reservation, note its temp file in ``out`` (and
+        make its leaf directory) when it was written; the failure to report, if any."""
+        progress: StoreProgress = state.extra
+        try:
+            if err is not None:
+                return self._store_failed(err, tmp, size)
+            final = self.parts.layout.path_of(key)
+            out.append((key, tmp, final, size))
+        finally:
+            progress.settled.add(key)
+        try:
+            self.parts.dirs.ensure_for(final)
+        except OSError as exc:  # publish retries it and fails the block cleanly
+            return self._section_failed(exc)
+        return None
 
     def _write_many(self, todo: list[tuple[BlockKey, int, str, int]]) -> list[OSError | None]:
         """Write each ``(key, slot, tmp, size)`` to its temp file: per block ``None`` or the error.
@@ -212,15 +251,21 @@ class StorePath:
     # -- after the last chunk (worker thread) ---------------------------------------------------
     def finish(self, state: JobState) -> None:
         """Publish the job's written blocks (with any other job ready meanwhile), then report."""
-        self._settle_abandoned(state)
+        self.finish_jobs([state])
+
+    def finish_jobs(self, states: list[JobState]) -> None:
+        """:meth:`finish` for several jobs at once (whose last chunks one batch wrote): they join
+        the same publication."""
+        for state in states:
+            self._settle_abandoned(state)
         with self._lock:
-            self._pub_q.append(state)
+            self._pub_q.extend(states)
             # Linger: while other store chunks are writing (and no job waits to reserve, which
             # may need this job's blocks in the index as eviction candidates), leave the job for
             # the publication that a chunk finishing soon makes: a stream of one-block jobs then
             # shares one trip through the accounting lock per few jobs instead of one per job.
             # A running chunk always ends in a publication (its job's finish, or the orphan check
-            # in write_chunk), so a lingering job waits for at most one block write.
+            # in write_chunks), so a lingering job waits for at most one batch of block writes.
             if self._writing and not self._grant_q and len(self._pub_q) < LINGER_JOBS:
                 return
         self._lead()

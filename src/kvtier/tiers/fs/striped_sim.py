@@ -23,7 +23,7 @@ __all__ = ["simulate_striped"]
 
 def simulate_striped(request: SimulationRequest, root_cls: RootClass, medium: str) -> SimulationProfile:
     """The striped tier's :class:`~kvtier.tiers.base.SimulationProfile` for ``request`` (its
-    ``options`` the striped ones, :func:`~kvtier.tiers.fs.tier.as_striped`; see the module doc)."""
+    ``options`` the striped ones, :func:`~kvtier.tiers.fs.forms.as_striped`; see the module doc)."""
     options = request.options
     roots = options.get("root_dirs") or []
     where = request.key("root_dirs")

@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
-from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult
 from kvtier.keys import BlockKey, LookupResult
 from kvtier.numbers import BYTES, SECONDS, Ranges
@@ -50,66 +49,31 @@ from kvtier.policies.base import CachePolicy
 from kvtier.tiers.async_tier import AsyncTier, ChunkOutcome, JobState, check_worker_options
 from kvtier.tiers.backpressure import GateConfig, StoreGate
 from kvtier.tiers.base import SimulationProfile, SimulationRequest, TierContext
-from kvtier.tiers.fs.accounting import AccountingState, SharedAccounting
+from kvtier.tiers.fs.accounting import AccountingState
+from kvtier.tiers.fs.forms import STRIPED_ONLY, as_striped, refuse_striped_options
 from kvtier.tiers.fs.index import FsIndex
-from kvtier.tiers.fs.job_queue import JobQueue, each_chunk
-from kvtier.tiers.fs.layout import SIM_KEY_BYTES, ShardDirs, block_file_size, probe_direct_io
+from kvtier.tiers.fs.job_queue import JobChunk, JobQueue, chunk_blocks, each_chunk, job_blocks
+from kvtier.tiers.fs.layout import ShardDirs
 from kvtier.tiers.fs.load_path import LoadPath
-from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options, segment_cap, small_block_limit
+from kvtier.tiers.fs.namespace import open_namespace, open_segments, pick_io
+from kvtier.tiers.fs.options import SMALL_BLOCK_DEFAULT, read_options
 from kvtier.tiers.fs.parts import FsParts
 from kvtier.tiers.fs.policy import build_policy
 from kvtier.tiers.fs.scan import TreeScanner
-from kvtier.tiers.fs.segment_index import SEAL_BYTES, idx_bytes
 from kvtier.tiers.fs.segment_queue import FLUSHERS, MAX_BATCH_BLOCKS, MAX_BATCH_BYTES
-from kvtier.tiers.fs.segments import SegmentStore, record_size
+from kvtier.tiers.fs.segments import SegmentStore
+from kvtier.tiers.fs.sim import capacity_blocks
 from kvtier.tiers.fs.store_path import StorePath
 from kvtier.tiers.fs.trust import DEFAULT_SECRET_ENV
 from kvtier.transfer.workers import Priority
 
-__all__ = ["STRIPED_ONLY", "FsTier", "as_striped", "refuse_striped_options"]
+__all__ = ["FsTier"]
 
-#: Options of the striped (``root_dirs``) form only.
-STRIPED_ONLY = ("io_timeout", "probe_interval", "fence_errors", "simulate_fenced")
-
-
-def as_striped(options: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``options`` in the striped form, or ``None`` for a plain one-root tier: ``root_dirs``, or a
-    ``root_dir`` with a health option (``io_timeout``, ...), which stripes over that one root so
-    its jobs get deadlines and its disk fencing (misses while it fails) like several roots' do."""
-    if options.get("root_dirs") is not None:
-        return dict(options)
-    if options.get("root_dir") is not None and any(options.get(k) is not None for k in STRIPED_ONLY):
-        out = dict(options)
-        out["root_dirs"] = [out.pop("root_dir")]
-        return out
-    return None
-
-
-def refuse_striped_options(**given: object) -> None:
-    """A ``root_dir`` tier refuses the options only ``root_dirs`` has (one-line ``ConfigError``)."""
-    for key, value in given.items():
-        if value is not None:
-            raise ConfigError(
-                key, "applies to a tier with root_dirs; for deadlines and health on one disk write "
-                '"root_dirs": ["<your root_dir>"] instead of root_dir',
-            )  # fmt: skip
-
-
-#: Most blocks per load chunk when loads go through the batched reader (:mod:`.batchread`).
-_BATCHED_LOAD_BLOCKS = 64
+#: Most blocks per load chunk when loads go through the batched reader (:mod:`.batchread`), and
+#: per batched write of queued store chunks (:mod:`.batchwrite`).
+_BATCHED_BLOCKS = 64
 #: A load chunk of a job given up past its deadline: nothing read.
 _ABANDONED = "abandoned: past the deadline"
-
-#: One queued load chunk: its job and its ``(key, slot)`` pairs.
-LoadChunk = tuple[JobState, list[tuple[BlockKey, int]]]
-
-
-def _job_blocks(state: JobState) -> int:
-    return len(state.items)
-
-
-def _chunk_blocks(chunk: LoadChunk) -> int:
-    return len(chunk[1])
 
 
 log = logging.getLogger("kvtier.tiers.fs")
@@ -238,8 +202,8 @@ class FsTier(AsyncTier):
         #: Job ids a striped tier gave up on (a set: adds and membership tests are atomic).
         self._abandoned: set[int] = set()
         self._policy_options = dict(policy_options or {})
-        self.accounting = self._open_namespace()
-        self._pick_io(direct_io, read_io)
+        self.accounting = open_namespace(self.layout, fsync=self.fsync, shared_root=self.shared_root)
+        self.direct_io, self.read_direct = pick_io(self.accounting, self.layout, direct_io, read_io)
         # One listing of the namespace directory (<= ~260 entries) now: top-level shards that do not
         # exist hold nothing, so lookups there are authoritative MISSes at once.
         present = self.layout.present_tops()
@@ -260,43 +224,14 @@ class FsTier(AsyncTier):
         """The small-block path: the segment store and the queue its stores join (both ``None``
         when blocks are large enough for one file each)."""
         #: The small-block path (``None``: one file per block).
-        self.segments: SegmentStore | None = None if seg_cap is None else self._open_segments(parts, seg_cap)
+        self.segments: SegmentStore | None = None if seg_cap is None else open_segments(parts, seg_cap)
         self._small_jobs: JobQueue[JobState] | None = None
         if self.segments is not None:
             self._small_jobs = JobQueue(
-                self._store_small, self._settled_locked, blocks=_job_blocks, lock=self._lock,
+                self._store_small, self._settled_locked, blocks=job_blocks, lock=self._lock,
                 flushers=FLUSHERS, max_blocks=min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // self.block_bytes),
                 log=self.rlog,
             )  # fmt: skip
-
-    def _open_namespace(self) -> SharedAccounting:
-        """Create the namespace directory and open its shared accounting (``ConfigError`` naming
-        ``root_dir`` when it cannot be written)."""
-        token = f"{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            self.layout.ensure("root_dir")
-            return SharedAccounting(
-                self.layout.ns_dir, token, fsync=self.fsync, is_block_path=self.layout.is_block_path,
-                owners=None if self.shared_root else (os.geteuid(),),
-            )  # fmt: skip
-        except OSError as exc:  # a read-only mount or directory, a file where a directory belongs
-            where = exc.filename if isinstance(exc.filename, str) else self.layout.ns_dir
-            raise ConfigError(
-                "root_dir",
-                f"cannot write the namespace directory: {where} ({exc.strerror or exc}); "
-                "choose a writable root_dir or make it writable by this user",
-            ) from exc
-
-    def _pick_io(self, direct_io: str, read_io: str) -> None:
-        """Set ``direct_io`` / ``read_direct`` from the options and what the file system takes."""
-        probed = (direct_io != "never" or read_io == "direct") and probe_direct_io(self.accounting.tmp_dir)
-        if direct_io == "always" and not probed:
-            self.accounting.close()
-            raise ConfigError(
-                "direct_io", f"O_DIRECT is not supported under {self.layout.ns_dir}; use auto or never"
-            )
-        self.direct_io = probed and direct_io != "never"
-        self.read_direct = probed and (read_io == "direct" or (read_io == "auto" and self.direct_io))
 
     def _build_paths(self, parts: FsParts) -> None:
         """The store path, the load path and the tree scanner, over the same parts."""
@@ -309,38 +244,36 @@ class FsTier(AsyncTier):
             parts, rows=self.rows, block_bytes=self.block_bytes, verify=self.verify,
             record_access=self.record_access, direct_io=self.read_direct,
         )  # fmt: skip
-        #: Chunks of load jobs waiting for the batched reader (``None``: one task per chunk).
-        self._load_jobs: JobQueue[LoadChunk] | None = None
-        if self._load.batched and self.segments is None:
+        if self._load.batched:
             # One GIL hand-off per chunk: a load is spread over the threads in as few chunks as
             # that allows (an engine's loop holding the GIL makes every extra hand-off a wait).
-            self.load_batch_blocks = max(self.batch_blocks, _BATCHED_LOAD_BLOCKS)
-            # ... and one per batch of queued chunks: a burst of one-block load jobs (one per
-            # request) is read in shares of the threads, one foreign call and one trip through
-            # the lock per share instead of per job (job_queue.py).
-            self._load_jobs = JobQueue(
-                self._load_batch, self._load_settled_locked, blocks=_chunk_blocks, lock=self._lock,
-                flushers=self.threads, max_blocks=self.load_batch_blocks, share=True, log=self.rlog,
-            )  # fmt: skip
+            self.load_batch_blocks = max(self.batch_blocks, _BATCHED_BLOCKS)
         self._scanner = TreeScanner(
             parts, new_policy=self._new_policy, make_room=self._store.make_room,
             precreate_dirs=self.precreate_dirs,
         )  # fmt: skip
+        self._open_file_queues()
 
-    def _open_segments(self, parts: FsParts, seg_cap: int) -> SegmentStore:
-        """The small-block path's segment store (the accounting is closed if it cannot open)."""
-        try:
-            return SegmentStore(parts, segment_bytes=seg_cap, owners=self.accounting.tree.owners)
-        except OSError as exc:  # seg/ is a link or not ours: the hostile-tree rules refuse it
-            self.accounting.close()
-            raise ConfigError(
-                "root_dir",
-                f"cannot use {self.layout.ns_dir}/seg ({exc.strerror or exc}); it must be a directory "
-                "of yours, not a link: remove it",
-            ) from exc
-        except BaseException:
-            self.accounting.close()
-            raise
+    def _open_file_queues(self) -> None:
+        """The queues of load and store chunks on the one-file-per-block path (job_queue.py): a
+        burst of one-block jobs (one per request) runs in shares of the threads, one foreign call
+        and one trip through the lock per share instead of per job."""
+        #: Chunks waiting for the batched reader / writer (``None``: one task per chunk).
+        self._load_jobs: JobQueue[JobChunk] | None = None
+        self._file_stores: JobQueue[JobChunk] | None = None
+        if self.segments is not None:
+            return
+        if self._load.batched:
+            self._load_jobs = JobQueue(
+                self._load_batch, self._load_settled_locked, blocks=chunk_blocks, lock=self._lock,
+                flushers=self.threads, max_blocks=self.load_batch_blocks, share=True, log=self.rlog,
+            )  # fmt: skip
+        if self._store.batched:
+            self._file_stores = JobQueue(
+                self._store_batch, self._store_settled_locked, blocks=chunk_blocks, lock=self._lock,
+                flushers=self.threads, max_blocks=_BATCHED_BLOCKS, share=True,
+                after=self._stores_written, log=self.rlog,
+            )  # fmt: skip
 
     @classmethod
     def check_options(cls, context: TierContext, options: Mapping[str, Any]) -> None:
@@ -384,21 +317,8 @@ class FsTier(AsyncTier):
                 dataclasses.replace(request, options=striped), cast(RootClass, cls), cls.medium
             )
         profile = super().simulate(request)
-        max_bytes, block_bytes, options = request.size("max_bytes"), request.block_bytes, request.options
-        if max_bytes is None:
-            return profile
-        per_file = block_file_size(SIM_KEY_BYTES, block_bytes)
-        small = options.get("small_block_bytes", SMALL_BLOCK_DEFAULT)
-        if block_bytes <= small_block_limit(small):
-            # Small blocks live in segments: as many records as the segments hold. Approximate:
-            # eviction there is by segment (live blocks copied), not block by block.
-            rec = record_size(SIM_KEY_BYTES, block_bytes, bool(options.get("shared_root", False)))
-            rec += idx_bytes(SIM_KEY_BYTES)
-            cap = segment_cap(options.get("segment_bytes"), max_bytes, rec)
-            if cap is not None:
-                per_seg = max(1, (cap - SEAL_BYTES) // rec)
-                return dataclasses.replace(profile, capacity_blocks=max((max_bytes // cap) * per_seg, 1))
-        return dataclasses.replace(profile, capacity_blocks=max(max_bytes // per_file, 1))
+        cap = capacity_blocks(request)
+        return profile if cap is None else dataclasses.replace(profile, capacity_blocks=cap)
 
     # -- lookups (engine thread; dict membership only) ---------------------------------------
     def lookup(self, key: BlockKey, req_context: Any = None) -> LookupResult:
@@ -435,20 +355,19 @@ class FsTier(AsyncTier):
     def _launch(self, state: JobState, priority: Priority) -> None:
         if not state.items or self.runs_inline:
             super()._launch(state, priority)
-        elif state.load:
-            loads = self._load_jobs  # chunks for the batched reader, run in shares: job_queue.py
-            if loads is None:
+        elif self._small_jobs is not None and not state.load:  # the small-block path
+            if len(state.items) > self.batch_blocks:
+                super()._launch(state, priority)
+            elif self._small_jobs.put(state):
+                self._workers().submit(priority, self._small_jobs.flush)
+        else:  # one file per block: chunks for the batched reader / writer, in shares
+            queue = self._load_jobs if state.load else self._file_stores
+            if queue is None:
                 super()._launch(state, priority)
                 return
             for chunk in self._split(state):
-                if loads.put((state, chunk)):
-                    self._workers().submit(priority, loads.flush)
-        else:
-            small = self._small_jobs  # small store jobs on the small-block path: segment_queue.py
-            if small is None or len(state.items) > self.batch_blocks:
-                super()._launch(state, priority)
-            elif small.put(state):
-                self._workers().submit(priority, small.flush)
+                if queue.put((state, chunk)):
+                    self._workers().submit(priority, queue.flush)
 
     def _store_small(self, states: list[JobState]) -> list[ChunkOutcome]:
         """A batch of small store jobs (a ``_store_chunk`` replaced by a test sees each job)."""
@@ -457,11 +376,12 @@ class FsTier(AsyncTier):
             return each_chunk(self._store_chunk, [(s, s.items) for s in states], self.rlog)
         return seg.write_jobs(states)
 
-    def _settled_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
+    def _settled_locked(self, state: JobState, outcome: ChunkOutcome) -> bool:
         self._record_locked(state, outcome)
         self._abandoned.discard(state.job.job_id)  # as _complete does
         self.index.storing.difference_update(k for k, _ in state.items)
         self._report_locked(state)
+        return False
 
     def _before_load(self, state: JobState) -> None:
         self.index.begin_loads_locked(state.job.keys)
@@ -474,7 +394,7 @@ class FsTier(AsyncTier):
             return self.segments.read_chunk(items)
         return self._load.read_chunk(items, lambda: job_id in self._abandoned)
 
-    def _load_batch(self, chunks: list[LoadChunk]) -> list[ChunkOutcome]:
+    def _load_batch(self, chunks: list[JobChunk]) -> list[ChunkOutcome]:
         """Queued load chunks (of one job or several) in one batched read, one outcome each (a
         ``_load_chunk`` replaced by a test sees each chunk)."""
         if "_load_chunk" in vars(self) or type(self)._load_chunk is not FsTier._load_chunk:
@@ -489,13 +409,39 @@ class FsTier(AsyncTier):
             out[i] = outcome
         return out
 
-    def _load_settled_locked(self, chunk: LoadChunk, outcome: ChunkOutcome) -> None:
+    def _load_settled_locked(self, chunk: JobChunk, outcome: ChunkOutcome) -> bool:
         """A queued load chunk is done (lock held): what ``_run_chunk`` and ``_complete`` do."""
-        state = chunk[0]
-        self._record_locked(state, outcome)
-        state.chunks_left -= 1
-        if state.chunks_left == 0:
-            self._loaded_locked(state)
+        if self._chunk_done_locked(chunk[0], outcome):
+            self._loaded_locked(chunk[0])
+        return False
+
+    def _store_batch(self, chunks: list[JobChunk]) -> list[ChunkOutcome]:
+        """Queued store chunks (of one job or several) in one batched write, one outcome each (a
+        ``_store_chunk`` replaced by a test sees each chunk)."""
+        if "_store_chunk" in vars(self) or type(self)._store_chunk is not FsTier._store_chunk:
+            return each_chunk(self._store_chunk, chunks, self.rlog)
+        return self._store.write_chunks(chunks)
+
+    def _store_settled_locked(self, chunk: JobChunk, outcome: ChunkOutcome) -> bool:
+        """A queued store chunk is written (lock held); ``True`` when it was its job's last, which
+        :meth:`_stores_written` then publishes (outside the lock)."""
+        return self._chunk_done_locked(chunk[0], outcome)
+
+    def _stores_written(self, chunks: list[JobChunk]) -> None:
+        """Publish the jobs whose last chunks a batch wrote (together), then report them; what
+        ``_complete`` does for one job."""
+        states = [state for state, _ in chunks]
+        try:
+            self._abandoned.difference_update(s.job.job_id for s in states)
+            self._store.finish_jobs(states)
+        except Exception as exc:  # each job is still reported exactly once
+            self.rlog.warning(
+                "complete", f"kvtier {self.name}: unexpected error finishing jobs", exc_info=True
+            )
+            with self._lock:
+                for state in states:
+                    state.error = state.error or f"{type(exc).__name__}: {exc}"
+                    self._report_locked(state)
 
     def _loaded_locked(self, state: JobState) -> None:
         self._abandoned.discard(state.job.job_id)
@@ -630,6 +576,8 @@ class FsTier(AsyncTier):
             d["seg_store_batches"] = self._small_jobs.batches
         if self._load_jobs is not None:
             d["load_batches"] = self._load_jobs.batches
+        if self._file_stores is not None:
+            d["store_batches"] = self._file_stores.batches
         return d
 
     def config_info(self) -> dict[str, Any]:
