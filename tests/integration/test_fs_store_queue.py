@@ -1,0 +1,144 @@
+"""Store jobs on the batched writer are written in shares (job_queue.py): a burst of one-block
+store jobs is written in a few batched calls, each job reported exactly once after its blocks are
+published, a second tier over the same root finds every block, and the queue's early stop (a job
+that must evict waits for the ones before it) puts the rest back in order, settling each entry once
+and calling ``after`` outside the lock with exactly the entries that asked for it (Hypothesis)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import fs_helpers as h  # tests/integration is on pytest's pythonpath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.jobs import TransferJob
+from kvtier.testing.primary import wait_for_jobs
+from kvtier.tiers.async_tier import ChunkOutcome
+from kvtier.tiers.fs.job_queue import JobQueue
+from kvtier.transfer.workers import Priority
+
+BLOCK = 64 << 10  # one file per block (above the small-block path)
+JOBS = 40
+THREADS = 4
+
+
+def test_a_burst_of_one_block_stores_is_written_in_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    primary = h.aligned_primary(JOBS, BLOCK)
+    keys = [h.key_of(f"w{i}") for i in range(JOBS)]
+    for slot, k in enumerate(keys):
+        primary.block(slot)[:] = h.payload_of(k, BLOCK)
+    tier = h.make_tier(primary, tmp_path, threads=THREADS)
+    try:
+        assert tier.wait_scan(10)
+        calls: list[int] = []
+        real = tier._store.write_chunks
+
+        def counted(chunks):  # type: ignore[no-untyped-def]
+            calls.append(sum(len(items) for _, items in chunks))
+            return real(chunks)
+
+        monkeypatch.setattr(tier._store, "write_chunks", counted)
+        gate = threading.Event()
+        for _ in range(THREADS):
+            tier.run_on_worker(Priority.LOAD, gate.wait)  # every worker held: the jobs queue
+        ids = list(range(80_000, 80_000 + JOBS))
+        for slot, (job_id, k) in enumerate(zip(ids, keys, strict=True)):
+            tier.submit_store(TransferJob(job_id, [k], np.array([slot], dtype=np.int32)))
+        gate.set()
+        results = wait_for_jobs(tier, ids, timeout=60)
+        assert sorted(results) == ids and all(r.success for r in results.values())
+        assert all(r.nbytes == BLOCK for r in results.values())
+        assert sum(calls) == JOBS and max(calls) <= -(-JOBS // THREADS), calls
+        assert len(calls) < JOBS // 2, calls
+        stats = tier.get_stats()
+        assert stats["store_batches"] == len(calls) and stats["stores"] == JOBS
+        assert not tier.index.storing and not h.temp_files(tier.layout.ns_dir)
+        assert tier.usage().usage == JOBS * tier.layout.file_size(len(keys[0]))  # nothing reserved left
+    finally:
+        tier.shutdown()
+    primary.rows[:] = 0
+    again = h.make_tier(primary, tmp_path, threads=THREADS)
+    try:
+        assert again.wait_scan(10)
+        assert h.load(again, primary, keys).success
+        for slot, k in enumerate(keys):
+            assert primary.block(slot).tobytes() == h.payload_of(k, BLOCK).tobytes()
+    finally:
+        again.shutdown()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+    flushers=st.integers(1, 4),
+    max_blocks=st.integers(1, 16),
+    stops=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+    wants_after=st.sets(st.integers(0, 39)),
+)
+def test_an_early_stop_puts_the_rest_back_in_order(
+    sizes: list[int], flushers: int, max_blocks: int, stops: list[int], wants_after: set[int]
+) -> None:
+    """``run`` answers only a prefix of some batches (as the store path does before a job that
+    must evict): every entry is still settled exactly once and in queue order, and ``after`` gets,
+    without the lock, exactly the settled entries whose ``settle`` returned ``True``."""
+    lock = threading.Lock()
+    settled: list[int] = []
+    aftered: list[int] = []
+    calls = [0]
+
+    def run(entries: list[tuple[int, int]]) -> list[ChunkOutcome]:
+        keep = min(len(entries), stops[calls[0] % len(stops)])
+        calls[0] += 1
+        return [ChunkOutcome() for _ in entries[:keep]]
+
+    def settle(entry: tuple[int, int], outcome: ChunkOutcome) -> bool:
+        assert lock.locked()
+        settled.append(entry[0])
+        return entry[0] in wants_after
+
+    def after(entries: list[tuple[int, int]]) -> None:
+        assert not lock.locked()
+        assert entries and all(e[0] in wants_after for e in entries)
+        aftered.extend(e[0] for e in entries)
+
+    queue: JobQueue[tuple[int, int]] = JobQueue(
+        run, settle, blocks=lambda e: e[1], lock=lock, flushers=flushers, max_blocks=max_blocks,
+        share=True, after=after,
+    )  # fmt: skip
+    for i, n in enumerate(sizes):
+        queue.put((i, n))
+    queue.flush()
+    assert settled == list(range(len(sizes)))
+    assert aftered == [i for i in range(len(sizes)) if i in wants_after]
+
+
+def test_a_run_that_answers_nothing_fails_its_batch_and_the_queue_goes_on() -> None:
+    """A ``run`` with no outcome at all would loop for ever on the same batch: it is a bug, and
+    the batch fails like a raising one; the next entries still run."""
+    lock = threading.Lock()
+    seen: list[tuple[int, str | None]] = []
+    calls = [0]
+
+    def run(entries: list[int]) -> list[ChunkOutcome]:
+        calls[0] += 1
+        return [] if calls[0] == 1 else [ChunkOutcome() for _ in entries]
+
+    def settle(entry: int, outcome: ChunkOutcome) -> bool:
+        seen.append((entry, outcome.error))
+        return False
+
+    queue: JobQueue[int] = JobQueue(
+        run, settle, blocks=lambda e: 1, lock=lock, flushers=2, max_blocks=2, share=True
+    )
+    for i in range(4):
+        queue.put(i)
+    queue.flush()
+    assert [e for e, _ in seen] == [0, 1, 2, 3]
+    assert seen[0][1] and "0 outcomes" in seen[0][1] and seen[1][1] == seen[0][1]
+    assert seen[2][1] is None and seen[3][1] is None
