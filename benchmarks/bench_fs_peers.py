@@ -94,13 +94,13 @@ class KvtierFs:
     name = "kvtier"
 
     def __init__(self, root: str, view: memoryview, block_bytes: int, threads: int, direct: bool,
-                 capacity: int, job_blocks: int) -> None:  # fmt: skip
+                 capacity: int, job_blocks: int, verify: str = "always") -> None:  # fmt: skip
         self.root = root
         self.job_blocks = job_blocks
         ctx = TierContext(name="fs", block_bytes=block_bytes, namespace=f"peers-{block_bytes}-{threads}")
         self.tier = FsTier(
             primary_kv_view=view, context=ctx, root_dir=root, max_bytes=capacity, threads=threads,
-            direct_io="always" if direct else "never",
+            direct_io="always" if direct else "never", verify=verify,
         )  # fmt: skip
         self.tier.tree_ready.wait(60)
         self._ids = 0
@@ -138,7 +138,7 @@ def _tag(n: int) -> str:
 
 def bench_config(
     base: str, block_bytes: int, blocks: int, threads: int, rounds: int, direct: bool,
-    job_blocks: int, skip: dict[str, str], temp_dirs: int = 16,
+    job_blocks: int, skip: dict[str, str], temp_dirs: int = 16, verify: str = "always",
 ) -> dict[str, Any]:  # fmt: skip
     """One block size and thread count: every system, ``rounds`` rotated rounds, three phases."""
     mem = mmap.mmap(-1, 2 * blocks * block_bytes)  # page-aligned, like a primary tier's buffer
@@ -150,7 +150,7 @@ def bench_config(
     cfg = f"{_tag(block_bytes)}-t{threads}"
     capacity = 4 * blocks * (block_bytes + 8192) * rounds  # bounded, never full: no eviction timed
     makers: dict[str, Callable[[str], Any]] = {
-        "kvtier": lambda d: KvtierFs(d, view, block_bytes, threads, direct, capacity, job_blocks),
+        "kvtier": lambda d: KvtierFs(d, view, block_bytes, threads, direct, capacity, job_blocks, verify),
         "raw": lambda d: RawFiles(d, rows, threads, direct),
     }  # fmt: skip
     for ceil_name in CEILINGS:
@@ -235,15 +235,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="256KiB,1MiB,4MiB", help="comma-separated block sizes")
     ap.add_argument("--threads", default="4,16", help="comma-separated thread counts")
-    ap.add_argument("--mib", type=int, default=48, help="MiB per round and system (blocks = mib / size)")
-    ap.add_argument("--rounds", type=int, default=3)
+    # 192 MiB a round: a phase then lasts >= ~0.1 s (256 KiB blocks, ~180 us each); at 48 MiB it
+    # lasted ~30 ms, and one scheduler hiccup moved a ratio by 0.1 (same code, runs 0.72-0.87).
+    ap.add_argument("--mib", type=int, default=192, help="MiB per round and system (blocks = mib / size)")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--job-blocks", type=int, default=1, help="blocks per job (vLLM's manager: 1)")
     ap.add_argument("--buffered", action="store_true", help="buffered writes for all (default O_DIRECT)")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 24 MiB")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 24 MiB (a smoke run, noisy figures)")
     ap.add_argument("--only", default="", help="comma-separated peers to run (vllm,lmcache,sum_raw,safe_raw)")
     ap.add_argument(
         "--safe-raw-temp-dirs", type=int, default=16,
         help="temp directories of the safe_raw loop (kvtier: 16; 1 = one tmp/, as kvtier had before)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--verify", choices=("always", "never"), default="always",
+        help="kvtier's payload checks on load (never: header only, as vLLM and raw read)",
     )  # fmt: skip
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: system temp)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -282,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.job_blocks,
                         skip,
                         args.safe_raw_temp_dirs,
+                        args.verify,
                     )
                 )
     finally:
@@ -295,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "same bytes, threads, jobs"
         ),
         "direct_writes": direct,
+        "kvtier_verify": args.verify,
         "ratios": ratios,
         "ceiling": ceiling,
         "results": results,
