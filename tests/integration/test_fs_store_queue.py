@@ -7,6 +7,7 @@ and calling ``after`` outside the lock with exactly the entries that asked for i
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import fs_helpers as h  # tests/integration is on pytest's pythonpath
@@ -71,6 +72,48 @@ def test_a_burst_of_one_block_stores_is_written_in_shares(
             assert primary.block(slot).tobytes() == h.payload_of(k, BLOCK).tobytes()
     finally:
         again.shutdown()
+
+
+def test_a_store_burst_steps_aside_for_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker, a burst of 100 one-block stores (two batches of at most 64); a load arrives
+    while the first batch is being written: it is served between the batches, not after the
+    whole burst."""
+    n = 100
+    primary = h.aligned_primary(n + 2, BLOCK)
+    wanted = h.key_of("wanted")
+    primary.block(n)[:] = h.payload_of(wanted, BLOCK)
+    tier = h.make_tier(primary, tmp_path, threads=1)
+    try:
+        assert tier.wait_scan(10)
+        tier.submit_store(TransferJob(1, [wanted], np.array([n], dtype=np.int32)))
+        assert wait_for_jobs(tier, [1], timeout=60)[1].success
+        keys = [h.key_of(f"b{i}") for i in range(n)]
+        gate = threading.Event()
+        tier.run_on_worker(Priority.LOAD, gate.wait)
+        for slot, k in enumerate(keys):
+            tier.submit_store(TransferJob(100 + slot, [k], np.array([slot], dtype=np.int32)))
+        real = tier._store.write_chunks
+
+        def load_arrives(chunks):  # type: ignore[no-untyped-def]
+            if not order_of_calls:  # the engine asks for a load while the burst is written
+                tier.submit_load(TransferJob(99, [wanted], np.array([n + 1], dtype=np.int32), True))
+            order_of_calls.append(len(chunks))
+            return real(chunks)
+
+        order_of_calls: list[int] = []
+        monkeypatch.setattr(tier._store, "write_chunks", load_arrives)
+        gate.set()
+        order: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(order) < n + 1 and time.monotonic() < deadline:
+            order.extend(r.job_id for r in tier.get_finished_jobs() if r.success)
+            time.sleep(0.001)
+        assert sorted(order) == [99, *range(100, 100 + n)]
+        assert order_of_calls == [64, 36]
+        assert order.index(99) < n, order  # some stores were reported after the load
+        assert primary.block(n + 1).tobytes() == h.payload_of(wanted, BLOCK).tobytes()
+    finally:
+        tier.shutdown()
 
 
 @settings(max_examples=60, deadline=None)

@@ -34,6 +34,45 @@ def test_loads_run_before_queued_stores_before_maintenance() -> None:
         pool.stop()
 
 
+def test_a_long_task_steps_aside_only_for_more_urgent_work() -> None:
+    """``step_aside`` requeues the continuation behind a waiting load (it then runs after every
+    task queued before it at its priority), and refuses when nothing more urgent waits, when
+    only equal or less urgent work waits, and once the pool is stopping."""
+    pool = WorkerPool(1, name="aside", logger=log)
+    gate, running = threading.Event(), threading.Event()
+    order: list[str] = []
+    answers: list[bool] = []
+
+    def long_store() -> None:
+        running.set()
+        gate.wait()
+        answers.append(pool.step_aside(Priority.STORE, lambda: order.append("store-rest")))
+
+    try:
+        pool.submit(Priority.STORE, long_store)
+        assert running.wait(10)  # on the worker before anything else is queued
+        pool.submit(Priority.STORE, lambda: order.append("store-next"))
+        pool.submit(Priority.MAINTENANCE, lambda: order.append("maint"))
+        pool.submit(Priority.LOAD, lambda: order.append("load"))
+        gate.set()
+        assert pool.wait_idle(10)
+        assert answers == [True]
+        assert order == ["load", "store-next", "store-rest", "maint"]
+        # Nothing more urgent waits (a store and a maintenance task are not): carry on.
+        hold, held = threading.Event(), threading.Event()
+        pool.submit(Priority.STORE, lambda: (held.set(), hold.wait()))
+        assert held.wait(10)
+        pool.submit(Priority.STORE, lambda: None)
+        pool.submit(Priority.MAINTENANCE, lambda: None)
+        assert pool.step_aside(Priority.STORE, lambda: order.append("never")) is False
+        hold.set()
+        assert pool.wait_idle(10)
+    finally:
+        pool.stop()
+    assert pool.step_aside(Priority.MAINTENANCE, lambda: order.append("never")) is False
+    assert "never" not in order
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from(list(Priority)), min_size=1, max_size=30))
 def test_one_worker_runs_any_queue_in_priority_then_fifo_order(prios: list[Priority]) -> None:

@@ -127,6 +127,17 @@ class WorkerPool:
                 self._sleeping.pop().notify()  # the hottest idle worker; busy ones loop back to the queue
             return True
 
+    def step_aside(self, priority: int, fn: Task) -> bool:
+        """For a long-running task at ``priority``: when a more urgent task (a lower value) is
+        queued, queue ``fn`` (the task's continuation) at ``priority`` and return ``True``: the
+        caller then ends and the urgent task gets its thread. ``False`` (carry on) otherwise,
+        or when the pool is stopping."""
+        with self._lock:
+            if self._stopping or not self._queue or self._queue[0][0] >= priority:
+                return False
+            heapq.heappush(self._queue, (int(priority), next(self._seq), fn))
+            return True
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no task is queued or running; ``False`` if ``timeout`` seconds passed first."""
         with self._idle_cv:

@@ -65,6 +65,9 @@ class JobQueue(Generic[E]):
             concurrent flushers split a burst instead of the first one taking it all.
         after: called once per batch, without the lock, with the entries whose ``settle`` said
             so (a step that takes other locks: a publication).
+        step_aside: asked after each batch with the flusher's continuation; ``True`` when it
+            queued that continuation as a new worker task (more urgent work was waiting: the
+            flusher then ends here and carries on behind it), ``False`` to keep going.
         log: where an exception ``settle`` or ``after`` raised is logged (a bug; the flusher
             goes on).
     """
@@ -80,11 +83,13 @@ class JobQueue(Generic[E]):
         max_blocks: int,
         share: bool = False,
         after: Callable[[list[E]], None] | None = None,
+        step_aside: Callable[[Callable[[], None]], bool] | None = None,
         log: RateLimitedLog | None = None,
     ) -> None:
         self._run = run
         self._settle = settle
         self._after = after
+        self._step_aside = step_aside
         self._blocks = blocks
         self._settle_lock = lock
         self._log = log
@@ -135,6 +140,9 @@ class JobQueue(Generic[E]):
             except Exception:  # never leave the queue without a flusher
                 if self._log is not None:
                     self._log.warning("settle", "kvtier fs: error settling queued work", exc_info=True)
+            # Still counted as running: the continuation takes the next batch (or counts out).
+            if self._step_aside is not None and self._step_aside(self.flush):
+                return
 
     def _put_back(self, entries: list[E]) -> None:
         """Entries a batch left (see ``run``), back at the front of the queue in order."""

@@ -17,7 +17,7 @@ import contextlib
 import enum
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +43,7 @@ class _Redo(enum.Enum):
 _REDO = _Redo.REDO
 
 
-def _any_of(fns: list[Callable[[], bool] | None]) -> Callable[[], bool] | None:
+def _any_of(fns: Sequence[Callable[[], bool] | None]) -> Callable[[], bool] | None:
     """One flag that is set when any of ``fns`` is (``None`` when there is none to ask)."""
     live = [fn for fn in fns if fn is not None]
     if not live:
@@ -102,7 +102,7 @@ class LoadPath:
         return self.read_chunks([items], [abandoned])[0]
 
     def read_chunks(
-        self, groups: list[list[tuple[BlockKey, int]]], abandoned: list[Callable[[], bool] | None]
+        self, groups: list[list[tuple[BlockKey, int]]], abandoned: Sequence[Callable[[], bool] | None]
     ) -> list[ChunkOutcome]:
         """:meth:`read_chunk` for several chunks (of one job or of several) in one batched read:
         one outcome per group, ``abandoned[i]`` asked for the blocks of ``groups[i]``."""

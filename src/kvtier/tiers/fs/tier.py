@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from kvtier.jobs import JobResult
@@ -257,7 +257,8 @@ class FsTier(AsyncTier):
     def _open_file_queues(self) -> None:
         """The queues of load and store chunks on the one-file-per-block path (job_queue.py): a
         burst of one-block jobs (one per request) runs in shares of the threads, one foreign call
-        and one trip through the lock per share instead of per job."""
+        and one trip through the lock per share instead of per job; between two batches a store
+        flusher steps aside for a waiting load (loads are what the engine waits for)."""
         #: Chunks waiting for the batched reader / writer (``None``: one task per chunk).
         self._load_jobs: JobQueue[JobChunk] | None = None
         self._file_stores: JobQueue[JobChunk] | None = None
@@ -273,6 +274,7 @@ class FsTier(AsyncTier):
                 self._store_batch, self._store_settled_locked, blocks=chunk_blocks, lock=self._lock,
                 flushers=self.threads, max_blocks=_BATCHED_BLOCKS, share=True,
                 after=self._stores_written, log=self.rlog,
+                step_aside=lambda resume: self._workers().step_aside(Priority.STORE, resume),
             )  # fmt: skip
 
     @classmethod
@@ -401,9 +403,7 @@ class FsTier(AsyncTier):
             return each_chunk(self._load_chunk, chunks, self.rlog)
         out: list[ChunkOutcome] = [ChunkOutcome(error=_ABANDONED)] * len(chunks)
         live = [i for i, (state, _) in enumerate(chunks) if state.job.job_id not in self._abandoned]
-        flags: list[Callable[[], bool] | None] = [
-            functools.partial(self._abandoned.__contains__, chunks[i][0].job.job_id) for i in live
-        ]
+        flags = [functools.partial(self._abandoned.__contains__, chunks[i][0].job.job_id) for i in live]
         read = self._load.read_chunks([chunks[i][1] for i in live], flags)
         for i, outcome in zip(live, read, strict=True):
             out[i] = outcome
