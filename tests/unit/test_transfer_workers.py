@@ -69,8 +69,30 @@ def test_a_long_task_steps_aside_only_for_more_urgent_work() -> None:
         assert pool.wait_idle(10)
     finally:
         pool.stop()
-    assert pool.step_aside(Priority.MAINTENANCE, lambda: order.append("never")) is False
     assert "never" not in order
+
+
+def test_a_task_does_not_step_aside_once_the_pool_is_stopping() -> None:
+    """While the pool stops, queued tasks still run but a running one keeps its thread: a
+    continuation queued then might never run."""
+    pool = WorkerPool(1, name="aside-stop", logger=log)
+    gate, running = threading.Event(), threading.Event()
+    answers: list[bool] = []
+    ran: list[str] = []
+
+    def long_store() -> None:
+        running.set()
+        gate.wait()
+        pool.stop(timeout=0)  # a task may stop its own pool; the load below is still queued
+        answers.append(pool.step_aside(Priority.STORE, lambda: ran.append("continuation")))
+
+    pool.submit(Priority.STORE, long_store)
+    assert running.wait(10)
+    pool.submit(Priority.LOAD, lambda: ran.append("load"))
+    gate.set()
+    pool.stop(timeout=10)
+    assert answers == [False]
+    assert ran == ["load"]  # the queued load ran before the pool ended; no continuation
 
 
 @settings(max_examples=40, deadline=None)

@@ -95,7 +95,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -376,6 +376,14 @@ class AsyncTier(SecondaryTier):
         self._results.append(JobResult(job.job_id, success, partial, state.nbytes, seconds, error))
         if not state.load and state.nbytes:
             self.store_gate.observe(state.nbytes, seconds)
+
+    def _report_broken(self, states: Iterable[JobState]) -> None:
+        """Report jobs whose final step raised (a bug, already logged) as failed; the ones already
+        reported are left alone. Any thread, lock not held."""
+        with self._lock:
+            for state in states:
+                state.error = state.error or "internal error finishing the job (see the log)"
+                self._report_locked(state)
 
     def _record_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
         """Merge a chunk's (or a final step's) outcome into the job and the stats (lock held)."""

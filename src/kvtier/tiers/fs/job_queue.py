@@ -17,7 +17,8 @@ Two users (docs/fs.md):
   up), so the reads stay spread over the threads exactly as one task per chunk spread them, while
   each thread pays one hand-off per batch instead of one per chunk.
 
-Every queued entry is settled exactly once, whatever a batch raises.
+Every queued entry is settled exactly once (or, when settling it raised, handed to ``fail``),
+whatever a batch raises.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ class JobQueue(Generic[E]):
             concurrent flushers split a burst instead of the first one taking it all.
         after: called once per batch, without the lock, with the entries whose ``settle`` said
             so (a step that takes other locks: a publication).
+        fail: called without the lock with the entries whose ``settle`` or ``after`` raised (a
+            bug): the owner reports their jobs failed, so no job is left unreported.
         step_aside: asked after each batch with the flusher's continuation; ``True`` when it
             queued that continuation as a new worker task (more urgent work was waiting: the
             flusher then ends here and carries on behind it), ``False`` to keep going.
-        log: where an exception ``settle`` or ``after`` raised is logged (a bug; the flusher
-            goes on).
+        log: where an exception ``settle``, ``after`` or ``fail`` raised is logged (a bug; the
+            flusher goes on).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class JobQueue(Generic[E]):
         max_blocks: int,
         share: bool = False,
         after: Callable[[list[E]], None] | None = None,
+        fail: Callable[[list[E]], None] | None = None,
         step_aside: Callable[[Callable[[], None]], bool] | None = None,
         log: RateLimitedLog | None = None,
     ) -> None:
@@ -90,6 +94,7 @@ class JobQueue(Generic[E]):
         self._settle = settle
         self._after = after
         self._step_aside = step_aside
+        self._fail = fail
         self._blocks = blocks
         self._settle_lock = lock
         self._log = log
@@ -119,30 +124,55 @@ class JobQueue(Generic[E]):
             batch = self._take()
             if batch is None:
                 return
+            outcomes = self._run_batch(batch)
             try:
-                outcomes = self._run(batch)
-                if not outcomes or len(outcomes) > len(batch):
-                    raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
-            except Exception as exc:  # a bug or an unmapped error: the batch fails, the flusher lives
-                outcomes = [ChunkOutcome(error=f"{type(exc).__name__}: {exc}") for _ in batch]
-            self.batches += 1
-            if len(outcomes) < len(batch):
-                self._put_back(batch[len(outcomes) :])
-                batch = batch[: len(outcomes)]
-            then: list[E] = []
-            try:
-                with self._settle_lock:
-                    for entry, outcome in zip(batch, outcomes, strict=True):
-                        if self._settle(entry, outcome):
-                            then.append(entry)
-                if then and self._after is not None:
-                    self._after(then)
-            except Exception:  # never leave the queue without a flusher
-                if self._log is not None:
-                    self._log.warning("settle", "kvtier fs: error settling queued work", exc_info=True)
+                self._settle_all(batch[: len(outcomes)], outcomes)
+            finally:
+                # Entries ``run`` left go back only now: the ones before them are settled (and,
+                # for stores, published), which is what they waited for.
+                if len(outcomes) < len(batch):
+                    self._put_back(batch[len(outcomes) :])
             # Still counted as running: the continuation takes the next batch (or counts out).
             if self._step_aside is not None and self._step_aside(self.flush):
                 return
+
+    def _run_batch(self, batch: list[E]) -> list[ChunkOutcome]:
+        try:
+            outcomes = self._run(batch)
+            if not outcomes or len(outcomes) > len(batch):
+                raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
+        except Exception as exc:  # a bug or an unmapped error: the batch fails, the flusher lives
+            outcomes = [ChunkOutcome(error=f"{type(exc).__name__}: {exc}") for _ in batch]
+        return outcomes
+
+    def _settle_all(self, batch: list[E], outcomes: list[ChunkOutcome]) -> None:
+        """``settle`` each entry (one lock trip), ``after`` for those that asked; an entry whose
+        ``settle`` or ``after`` raised (a bug) goes to ``fail``, so its job is still reported."""
+        then: list[E] = []
+        lost: list[E] = []
+        with self._settle_lock:
+            for entry, outcome in zip(batch, outcomes, strict=True):
+                try:
+                    if self._settle(entry, outcome):
+                        then.append(entry)
+                except Exception:
+                    self._warn("error settling queued work")
+                    lost.append(entry)
+        if then and self._after is not None:
+            try:
+                self._after(then)
+            except Exception:
+                self._warn("error finishing queued work")
+                lost.extend(then)
+        if lost and self._fail is not None:
+            try:
+                self._fail(lost)
+            except Exception:  # never leave the queue without a flusher
+                self._warn("error failing queued work")
+
+    def _warn(self, what: str) -> None:
+        if self._log is not None:
+            self._log.warning("settle", f"kvtier fs: {what}", exc_info=True)
 
     def _put_back(self, entries: list[E]) -> None:
         """Entries a batch left (see ``run``), back at the front of the queue in order."""
@@ -167,6 +197,7 @@ class JobQueue(Generic[E]):
                 batch.append(entry)
                 blocks += n
             self._queued_blocks -= blocks
+            self.batches += 1
             return batch
 
 

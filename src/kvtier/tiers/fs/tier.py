@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from kvtier.jobs import JobResult
@@ -230,7 +230,7 @@ class FsTier(AsyncTier):
             self._small_jobs = JobQueue(
                 self._store_small, self._settled_locked, blocks=job_blocks, lock=self._lock,
                 flushers=FLUSHERS, max_blocks=min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // self.block_bytes),
-                log=self.rlog,
+                fail=self._report_broken, step_aside=self._behind_loads, log=self.rlog,
             )  # fmt: skip
 
     def _build_paths(self, parts: FsParts) -> None:
@@ -267,14 +267,15 @@ class FsTier(AsyncTier):
         if self._load.batched:
             self._load_jobs = JobQueue(
                 self._load_batch, self._load_settled_locked, blocks=chunk_blocks, lock=self._lock,
-                flushers=self.threads, max_blocks=self.load_batch_blocks, share=True, log=self.rlog,
+                flushers=self.threads, max_blocks=self.load_batch_blocks, share=True,
+                fail=self._report_chunks_broken, log=self.rlog,
             )  # fmt: skip
         if self._store.batched:
             self._file_stores = JobQueue(
                 self._store_batch, self._store_settled_locked, blocks=chunk_blocks, lock=self._lock,
                 flushers=self.threads, max_blocks=_BATCHED_BLOCKS, share=True,
-                after=self._stores_written, log=self.rlog,
-                step_aside=lambda resume: self._workers().step_aside(Priority.STORE, resume),
+                after=self._stores_written, fail=self._report_chunks_broken, log=self.rlog,
+                step_aside=self._behind_loads,
             )  # fmt: skip
 
     @classmethod
@@ -360,16 +361,16 @@ class FsTier(AsyncTier):
         elif self._small_jobs is not None and not state.load:  # the small-block path
             if len(state.items) > self.batch_blocks:
                 super()._launch(state, priority)
-            elif self._small_jobs.put(state):
-                self._workers().submit(priority, self._small_jobs.flush)
+            elif self._small_jobs.put(state) and not self._workers().submit(priority, self._small_jobs.flush):
+                self._small_jobs.flush()  # a bounded pool refused the task: never strand the queue
         else:  # one file per block: chunks for the batched reader / writer, in shares
             queue = self._load_jobs if state.load else self._file_stores
             if queue is None:
                 super()._launch(state, priority)
                 return
             for chunk in self._split(state):
-                if queue.put((state, chunk)):
-                    self._workers().submit(priority, queue.flush)
+                if queue.put((state, chunk)) and not self._workers().submit(priority, queue.flush):
+                    queue.flush()  # a bounded pool refused the task: never strand the queue
 
     def _store_small(self, states: list[JobState]) -> list[ChunkOutcome]:
         """A batch of small store jobs (a ``_store_chunk`` replaced by a test sees each job)."""
@@ -422,6 +423,14 @@ class FsTier(AsyncTier):
             return each_chunk(self._store_chunk, chunks, self.rlog)
         return self._store.write_chunks(chunks)
 
+    def _behind_loads(self, resume: Callable[[], None]) -> bool:
+        # Between two batches a store flusher steps aside while a load waits (the engine waits
+        # for loads): it requeues itself behind it, so a burst of stores delays a load one batch.
+        return self._workers().step_aside(Priority.STORE, resume)
+
+    def _report_chunks_broken(self, chunks: list[JobChunk]) -> None:
+        self._report_broken(state for state, _ in chunks)
+
     def _store_settled_locked(self, chunk: JobChunk, outcome: ChunkOutcome) -> bool:
         """A queued store chunk is written (lock held); ``True`` when it was its job's last, which
         :meth:`_stores_written` then publishes (outside the lock)."""
@@ -429,19 +438,10 @@ class FsTier(AsyncTier):
 
     def _stores_written(self, chunks: list[JobChunk]) -> None:
         """Publish the jobs whose last chunks a batch wrote (together), then report them; what
-        ``_complete`` does for one job."""
+        ``_complete`` does for one job (if it raises, the queue hands them to ``fail``)."""
         states = [state for state, _ in chunks]
-        try:
-            self._abandoned.difference_update(s.job.job_id for s in states)
-            self._store.finish_jobs(states)
-        except Exception as exc:  # each job is still reported exactly once
-            self.rlog.warning(
-                "complete", f"kvtier {self.name}: unexpected error finishing jobs", exc_info=True
-            )
-            with self._lock:
-                for state in states:
-                    state.error = state.error or f"{type(exc).__name__}: {exc}"
-                    self._report_locked(state)
+        self._abandoned.difference_update(s.job.job_id for s in states)
+        self._store.finish_jobs(states)
 
     def _loaded_locked(self, state: JobState) -> None:
         self._abandoned.discard(state.job.job_id)
