@@ -377,12 +377,15 @@ class AsyncTier(SecondaryTier):
         if not state.load and state.nbytes:
             self.store_gate.observe(state.nbytes, seconds)
 
-    def _report_broken(self, states: Iterable[JobState]) -> None:
-        """Report jobs whose final step raised (a bug, already logged) as failed; the ones already
-        reported are left alone. Any thread, lock not held."""
+    def _report_broken(
+        self, states: Iterable[JobState], error: str = "internal error finishing the job (see the log)"
+    ) -> None:
+        """Report jobs whose final step raised (a bug, already logged) as failed with ``error``
+        (unless they carry one already); the ones already reported are left alone. Any thread,
+        lock not held."""
         with self._lock:
             for state in states:
-                state.error = state.error or "internal error finishing the job (see the log)"
+                state.error = state.error or error
                 self._report_locked(state)
 
     def _record_locked(self, state: JobState, outcome: ChunkOutcome) -> None:
@@ -472,9 +475,7 @@ class AsyncTier(SecondaryTier):
             self.rlog.warning(
                 "complete", f"kvtier {self.name}: unexpected error finishing a job", exc_info=True
             )
-            with self._lock:
-                state.error = state.error or f"{type(exc).__name__}: {exc}"
-                self._report_locked(state)
+            self._report_broken([state], f"{type(exc).__name__}: {exc}")
 
     def _workers(self) -> WorkerPool:
         pool = self._pool
